@@ -1,0 +1,20 @@
+//! checkpointfs: a FUSE passthrough filesystem with a transparent undo stack.
+//!
+//! Layout (each layer only talks to the one below it):
+//! - [`fuse_adapter`]: the FUSE protocol adapter. Decodes a request, calls the core, maps
+//!   `io::Error` to an errno in exactly one place.
+//! - [`fs`]: the passthrough core (inode and handle tables, the virtual `.checkpoint/` tree)
+//!   and the mutation gate through which every change to SRC must pass.
+//! - [`history`]: the file-history system: Layer 1 tracking, Layer 2 snapshots, the
+//!   content-addressed store and rewind.
+//! - [`transcript`]: Layer 3: record types, the writer thread and replay.
+//! - [`daemon`]: wiring for one mount (session, signals, shutdown).
+//! - [`cli`]: the command line.
+pub mod cli;
+pub mod control;
+pub mod daemon;
+pub mod fs;
+pub mod fuse_adapter;
+pub mod history;
+pub mod ids;
+pub mod transcript;

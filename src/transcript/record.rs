@@ -1,0 +1,102 @@
+//! The transcript's record types: one JSON object per line, shaped as in Claude Code's
+//! `file-history-snapshot` records, plus a few extra fields (documented in
+//! docs/transcript-format.md) that a rewind needs and the seed format lacks.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const FILE_HISTORY_SNAPSHOT: &str = "file-history-snapshot";
+
+/// One transcript line.
+///
+/// `is_snapshot_update == true`: a Layer 1 record (a path's pre-image was backed up, or a
+/// pending Layer 2 version was filled). `false`: a checkpoint (Layer 2), mapping every tracked
+/// path to its version at that moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    #[serde(rename = "type")]
+    pub record_type: String,
+    /// The checkpoint this record belongs to: for a checkpoint its own id, for a Layer 1
+    /// record the latest checkpoint before it (`null` before the first checkpoint).
+    pub message_id: Option<String>,
+    pub snapshot: Snapshot,
+    pub is_snapshot_update: bool,
+    /// Extra: strictly increasing per state dir; replay uses it to merge the store journal.
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    pub message_id: Option<String>,
+    /// Keyed by the path relative to the mount root, `/`-separated, no leading slash.
+    pub tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+    /// RFC 3339, UTC.
+    pub timestamp: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrackedFileBackup {
+    /// The store object holding the content (regular files) or the target (symlinks).
+    /// `null` with no `meta`: the path was absent. `null` with `meta`: a directory or a
+    /// special file, which have no content. `null` with `pending`: see `pending`.
+    pub backup_file_name: Option<String>,
+    /// Per-path version, counting from 1.
+    pub version: u32,
+    /// RFC 3339, UTC.
+    pub backup_time: String,
+    /// Extra: type, mode, size, mtime of the path in this version; absent when the path was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<EntryMeta>,
+    /// Extra: in a checkpoint record, this version's content is still being copied in the
+    /// background; a later Layer 1 record with the same version fills it in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
+    /// Extra: the process whose request caused a Layer 1 backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<Actor>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EntryMeta {
+    pub kind: EntryKind,
+    /// Permission bits (incl. setuid/setgid/sticky), without the file-type bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+    /// Device number, for character and block devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdev: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Actor {
+    pub pid: u32,
+    pub uid: u32,
+    /// `/proc/<pid>/comm` at the time of the request (empty when the process was gone).
+    pub comm: String,
+}
+
+/// RFC 3339 (UTC, milliseconds) for a point in time.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
