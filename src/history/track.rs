@@ -14,7 +14,7 @@ use log::{debug, info, warn};
 
 use super::store::Store;
 use super::{
-    Caller, Checkpoint, History, HistoryConfig, PathHistory, State, Version, VersionState,
+    Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState,
     rel_key,
 };
 use crate::fs::sys;
@@ -469,11 +469,11 @@ impl History {
     pub(crate) fn open_beneath(&self, rel: &str) -> io::Result<OwnedFd> {
         let path = if rel.is_empty() { "." } else { rel };
         let c = CString::new(path).map_err(|_| errno(libc::EINVAL))?;
-        let how = libc::open_how {
-            flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-            mode: 0,
-            resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
-        };
+        // SAFETY: open_how is plain data; all-zero is its documented default.
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
+        how.resolve =
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
         // SAFETY: valid fd, C string and open_how of the right size.
         let fd = unsafe {
             libc::syscall(

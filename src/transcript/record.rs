@@ -57,6 +57,10 @@ pub struct TrackedFileBackup {
     /// Extra: the process whose request caused a Layer 1 backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<Actor>,
+    /// Extra: in a Layer 1 record, the background copier filled in a pending version; the
+    /// path did not change (replay must not mark it changed since the checkpoint).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fill: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
