@@ -104,3 +104,66 @@ pub struct Actor {
 pub fn rfc3339(t: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
+
+impl Record {
+    /// A checkpoint (Layer 2) record: `messageId` and `snapshot.messageId` are both the
+    /// checkpoint's own id, and `tracked_file_backups` maps every tracked path to its version at
+    /// that moment.
+    pub fn checkpoint(
+        id: &str,
+        seq: u64,
+        timestamp: String,
+        tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+    ) -> Record {
+        Record::new(
+            Some(id.to_owned()),
+            seq,
+            timestamp,
+            tracked_file_backups,
+            false,
+        )
+    }
+
+    /// A Layer 1 record (`isSnapshotUpdate: true`): a backup or the fill of a pending version.
+    /// `latest_checkpoint` is the newest checkpoint id before this record, `None` before the
+    /// first checkpoint; both `messageId` fields carry it, as in the seed format.
+    pub fn snapshot_update(
+        latest_checkpoint: Option<&str>,
+        seq: u64,
+        timestamp: String,
+        tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+    ) -> Record {
+        Record::new(
+            latest_checkpoint.map(str::to_owned),
+            seq,
+            timestamp,
+            tracked_file_backups,
+            true,
+        )
+    }
+
+    fn new(
+        message_id: Option<String>,
+        seq: u64,
+        timestamp: String,
+        tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+        is_snapshot_update: bool,
+    ) -> Record {
+        Record {
+            record_type: FILE_HISTORY_SNAPSHOT.to_owned(),
+            message_id: message_id.clone(),
+            snapshot: Snapshot {
+                message_id,
+                tracked_file_backups,
+                timestamp,
+            },
+            is_snapshot_update,
+            seq,
+        }
+    }
+
+    /// True for a checkpoint (Layer 2) record, false for a Layer 1 record.
+    pub fn is_checkpoint(&self) -> bool {
+        !self.is_snapshot_update
+    }
+}
