@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::fsutil;
+use super::journal::JOURNAL_FILE_NAME;
 use super::record::{FILE_HISTORY_SNAPSHOT, Record};
 
 /// What [`read_transcript`] found.
@@ -58,9 +59,15 @@ impl fmt::Display for ReplayError {
         match self {
             ReplayError::Io(e) => write!(f, "{e}"),
             ReplayError::Corrupt { path, line, reason } => {
+                // The journal shares this reader; name the file for what it is.
+                let what = if path.file_name().is_some_and(|n| n == JOURNAL_FILE_NAME) {
+                    "store journal"
+                } else {
+                    "transcript"
+                };
                 write!(
                     f,
-                    "transcript {} line {line} is corrupt: {reason} \
+                    "{what} {} line {line} is corrupt: {reason} \
                      (move the file aside or repair that line)",
                     path.display()
                 )
@@ -457,5 +464,21 @@ mod tests {
         let mut seen = 0;
         assert_eq!(scan_transcript(&path, |_| seen += 1).unwrap(), None);
         assert_eq!(seen, 50);
+    }
+
+    #[test]
+    fn corrupt_converts_to_invalid_data_naming_the_file_kind() {
+        let e: io::Error = ReplayError::Corrupt {
+            path: PathBuf::from("/s/backups/journal.jsonl"),
+            line: 2,
+            reason: "x".into(),
+        }
+        .into();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            "store journal /s/backups/journal.jsonl line 2 is corrupt: x \
+             (move the file aside or repair that line)"
+        );
     }
 }
