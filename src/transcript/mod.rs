@@ -2,6 +2,7 @@
 //!
 //! The format is documented in docs/transcript-format.md.
 mod fsutil;
+pub mod journal;
 pub mod record;
 pub mod replay;
 #[cfg(test)]

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::fsutil;
+use super::journal::JOURNAL_FILE_NAME;
 use super::record::{FILE_HISTORY_SNAPSHOT, Record};
 
 /// What [`read_transcript`] found.
@@ -58,9 +59,15 @@ impl fmt::Display for ReplayError {
         match self {
             ReplayError::Io(e) => write!(f, "{e}"),
             ReplayError::Corrupt { path, line, reason } => {
+                // The journal shares this reader; name the file for what it is.
+                let what = if path.file_name().is_some_and(|n| n == JOURNAL_FILE_NAME) {
+                    "store journal"
+                } else {
+                    "transcript"
+                };
                 write!(
                     f,
-                    "transcript {} line {line} is corrupt: {reason} \
+                    "{what} {} line {line} is corrupt: {reason} \
                      (move the file aside or repair that line)",
                     path.display()
                 )
@@ -457,5 +464,57 @@ mod tests {
         let mut seen = 0;
         assert_eq!(scan_transcript(&path, |_| seen += 1).unwrap(), None);
         assert_eq!(seen, 50);
+    }
+
+    #[test]
+    fn corrupt_converts_to_invalid_data_naming_the_file_kind() {
+        let e: io::Error = ReplayError::Corrupt {
+            path: PathBuf::from("/s/backups/journal.jsonl"),
+            line: 2,
+            reason: "x".into(),
+        }
+        .into();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            "store journal /s/backups/journal.jsonl line 2 is corrupt: x \
+             (move the file aside or repair that line)"
+        );
+    }
+
+    /// The worked example in docs/transcript-format.md is real output and replays.
+    #[test]
+    fn doc_example_replays() {
+        let doc = include_str!("../../docs/transcript-format.md");
+        let block = doc
+            .split("```jsonl\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("jsonl block");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("transcript.jsonl");
+        std::fs::write(&path, block).unwrap();
+        let out = read(&path);
+        assert_eq!(out.dropped_torn_line, None);
+        let r = &out.records;
+        assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(
+            r.iter().map(Record::is_checkpoint).collect::<Vec<_>>(),
+            [false, false, true, false]
+        );
+        let absent = &r[0].snapshot.tracked_file_backups["src/new.rs"];
+        assert!(absent.backup_file_name.is_none() && absent.meta.is_none());
+        let pending = &r[2].snapshot.tracked_file_backups["src/lib.rs"];
+        assert!(pending.pending && pending.backup_file_name.is_none());
+        let fill = &r[3].snapshot.tracked_file_backups["src/lib.rs"];
+        assert_eq!(fill.version, pending.version);
+        assert!(!fill.pending && fill.backup_file_name.is_some());
+        assert_eq!(r[3].message_id.as_deref(), Some("msg-01"));
+        // Byte-for-byte what the writer would produce.
+        let rewritten: String = r
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        assert_eq!(rewritten, block);
     }
 }
