@@ -21,7 +21,9 @@ pub const SOCKET_NAME: &str = "control.sock";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum Request {
-    Checkpoint { id: String },
+    Checkpoint {
+        id: String,
+    },
     Flush,
     Rewind {
         id: String,

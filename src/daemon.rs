@@ -36,7 +36,12 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let signals = block_termination_signals()?;
 
     let root = open_dir_path(&cfg.source)?;
-    if cfg.source.join(OsStr(CONTROL_DIR_NAME)).symlink_metadata().is_ok() {
+    if cfg
+        .source
+        .join(OsStr(CONTROL_DIR_NAME))
+        .symlink_metadata()
+        .is_ok()
+    {
         warn!(
             "{}/.checkpoint exists in the source; it is hidden under the mount by the control directory",
             cfg.source.display()
@@ -110,7 +115,12 @@ fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid C string; the fd is owned below.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -4,8 +4,8 @@
 //! errno; every failed request goes through it.
 use std::cell::RefCell;
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -13,9 +13,8 @@ use std::time::SystemTime;
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem,
     FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, info, warn};
 
@@ -105,7 +104,11 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_background(64);
         info!(
             "FUSE session initialised (kernel passthrough: {})",
-            if self.fs.passthrough_enabled() { "on" } else { "off" }
+            if self.fs.passthrough_enabled() {
+                "on"
+            } else {
+                "off"
+            }
         );
         Ok(())
     }
@@ -184,7 +187,15 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         match self.fs.mkdir(&caller(req), parent.0, name, mode) {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("mkdir", e)),
@@ -205,7 +216,14 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         match self.fs.symlink(&caller(req), parent.0, link_name, target) {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("symlink", e)),
@@ -222,16 +240,27 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self
-            .fs
-            .rename(&caller(req), parent.0, name, newparent.0, newname, flags.bits())
-        {
+        match self.fs.rename(
+            &caller(req),
+            parent.0,
+            name,
+            newparent.0,
+            newname,
+            flags.bits(),
+        ) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("rename", e)),
         }
     }
 
-    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         match self.fs.link(&caller(req), ino.0, newparent.0, newname) {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("link", e)),
@@ -284,7 +313,14 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.flush(ino.0, fh.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("flush", e)),
@@ -305,7 +341,14 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("fsync", e)),
@@ -319,9 +362,21 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let result = self.fs.readdir(ino.0, fh.0, offset as i64, &mut |e| {
-            reply.add(INodeNo(e.ino), e.offset as u64, e.kind, OsStr::from_bytes(e.name))
+            reply.add(
+                INodeNo(e.ino),
+                e.offset as u64,
+                e.kind,
+                OsStr::from_bytes(e.name),
+            )
         });
         match result {
             Ok(()) => reply.ok(),
@@ -329,37 +384,67 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let result = self.fs.readdirplus(ino.0, fh.0, offset as i64, &mut |e, entry| {
-            let name = OsStr::from_bytes(e.name);
-            match entry {
-                Some(entry) => reply.add(
-                    entry.attr.ino,
-                    e.offset as u64,
-                    name,
-                    &entry.ttl,
-                    &entry.attr,
-                    Generation(0),
-                ),
-                None => {
-                    // "." and "..": node id 0 tells the kernel not to make a dentry.
-                    let attr = dot_attr(e.ino, e.kind);
-                    reply.add(INodeNo(0), e.offset as u64, name, &std::time::Duration::ZERO, &attr, Generation(0))
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let result = self
+            .fs
+            .readdirplus(ino.0, fh.0, offset as i64, &mut |e, entry| {
+                let name = OsStr::from_bytes(e.name);
+                match entry {
+                    Some(entry) => reply.add(
+                        entry.attr.ino,
+                        e.offset as u64,
+                        name,
+                        &entry.ttl,
+                        &entry.attr,
+                        Generation(0),
+                    ),
+                    None => {
+                        // "." and "..": node id 0 tells the kernel not to make a dentry.
+                        let attr = dot_attr(e.ino, e.kind);
+                        reply.add(
+                            INodeNo(0),
+                            e.offset as u64,
+                            name,
+                            &std::time::Duration::ZERO,
+                            &attr,
+                            Generation(0),
+                        )
+                    }
                 }
-            }
-        });
+            });
         match result {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("readdirplus", e)),
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.fs.releasedir(fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.fs.fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("fsyncdir", e)),
@@ -445,7 +530,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         let make_backing = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        match self.fs.create(&caller(req), parent.0, name, mode, flags, &make_backing) {
+        match self
+            .fs
+            .create(&caller(req), parent.0, name, mode, flags, &make_backing)
+        {
             Ok((e, o)) => match &o.backing {
                 Some(id) => reply.created_passthrough(
                     &e.ttl,
@@ -455,7 +543,13 @@ impl Filesystem for FuseAdapter {
                     fopen_flags(&o),
                     id,
                 ),
-                None => reply.created(&e.ttl, &e.attr, Generation(0), FileHandle(o.fh), fopen_flags(&o)),
+                None => reply.created(
+                    &e.ttl,
+                    &e.attr,
+                    Generation(0),
+                    FileHandle(o.fh),
+                    fopen_flags(&o),
+                ),
             },
             Err(e) => reply.error(fail("create", e)),
         }
@@ -477,7 +571,15 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(off) => reply.offset(off),
             Err(e) => reply.error(fail("lseek", e)),

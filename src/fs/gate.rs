@@ -89,7 +89,11 @@ impl Gate {
             Change::WriteThrough(_) => {}
             Change::Object(inode) => {
                 if let Some(rel) = self.rel_path_of(inode)? {
-                    debug!("gate: {} modifies {:?}", caller, String::from_utf8_lossy(&rel));
+                    debug!(
+                        "gate: {} modifies {:?}",
+                        caller,
+                        String::from_utf8_lossy(&rel)
+                    );
                     self.history.before_change(caller, &rel)?;
                 }
             }
@@ -232,7 +236,12 @@ pub mod mutate {
         })
     }
 
-    pub fn unlinkat(_: &Permit<'_>, dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
+    pub fn unlinkat(
+        _: &Permit<'_>,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        flags: i32,
+    ) -> io::Result<()> {
         // SAFETY: valid fd and C string.
         cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })?;
         Ok(())
@@ -305,16 +314,30 @@ pub mod mutate {
         })
     }
 
-    pub fn futimens(_: &Permit<'_>, fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
+    pub fn futimens(
+        _: &Permit<'_>,
+        fd: BorrowedFd<'_>,
+        times: &[libc::timespec; 2],
+    ) -> io::Result<()> {
         // SAFETY: valid fd and times array.
         cvt(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) })?;
         Ok(())
     }
 
-    pub fn pwrite(_: &Permit<'_>, fd: BorrowedFd<'_>, data: &[u8], offset: u64) -> io::Result<usize> {
+    pub fn pwrite(
+        _: &Permit<'_>,
+        fd: BorrowedFd<'_>,
+        data: &[u8],
+        offset: u64,
+    ) -> io::Result<usize> {
         // SAFETY: data is readable for its length.
         let n = cvt(unsafe {
-            libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), offset as i64)
+            libc::pwrite(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                offset as i64,
+            )
         })?;
         Ok(n as usize)
     }
@@ -368,9 +391,21 @@ pub mod mutate {
             // SAFETY: valid C strings; value readable for its length.
             cvt(unsafe {
                 if is_symlink {
-                    libc::lsetxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+                    libc::lsetxattr(
+                        p.as_ptr(),
+                        name.as_ptr(),
+                        value.as_ptr().cast(),
+                        value.len(),
+                        flags,
+                    )
                 } else {
-                    libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+                    libc::setxattr(
+                        p.as_ptr(),
+                        name.as_ptr(),
+                        value.as_ptr().cast(),
+                        value.len(),
+                        flags,
+                    )
                 }
             })?;
             Ok(())

@@ -207,7 +207,12 @@ impl PassthroughFs {
         Ok((attr_from_stat(ino, &st), TTL))
     }
 
-    pub fn setattr(&self, caller: &Caller, ino: u64, set: SetAttr) -> io::Result<(FileAttr, Duration)> {
+    pub fn setattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        set: SetAttr,
+    ) -> io::Result<(FileAttr, Duration)> {
         if virt::is_virtual(ino) {
             return self.virt.setattr(ino, set);
         }
@@ -237,7 +242,11 @@ impl PassthroughFs {
                 Some(f) if f.writable => mutate::ftruncate(&permit, f.fd.as_fd(), size)?,
                 _ => {
                     if !inode.is_regular() {
-                        return Err(errno(if inode.is_dir() { libc::EISDIR } else { libc::EINVAL }));
+                        return Err(errno(if inode.is_dir() {
+                            libc::EISDIR
+                        } else {
+                            libc::EINVAL
+                        }));
                     }
                     let fd = mutate::reopen(&permit, inode.fd.as_raw_fd(), libc::O_WRONLY)?;
                     mutate::ftruncate(&permit, fd.as_fd(), size)?;
@@ -284,7 +293,13 @@ impl PassthroughFs {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let permit = self.gate.permit(caller, Change::Entry { parent: &parent, name })?;
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
             {
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
                 mutate::mknodat(&permit, parent.fd.as_fd(), c, mode, u64::from(rdev))?;
@@ -294,11 +309,23 @@ impl PassthroughFs {
         })
     }
 
-    pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32) -> io::Result<Entry> {
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+    ) -> io::Result<Entry> {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let permit = self.gate.permit(caller, Change::Entry { parent: &parent, name })?;
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
             {
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
                 mutate::mkdirat(&permit, parent.fd.as_fd(), c, mode)?;
@@ -320,7 +347,13 @@ impl PassthroughFs {
         let target = std::ffi::CString::new(target.as_os_str().as_bytes())
             .map_err(|_| errno(libc::EINVAL))?;
         with_name(name, |c| {
-            let permit = self.gate.permit(caller, Change::Entry { parent: &parent, name })?;
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
             {
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
                 mutate::symlinkat(&permit, &target, parent.fd.as_fd(), c)?;
@@ -330,7 +363,13 @@ impl PassthroughFs {
         })
     }
 
-    pub fn link(&self, caller: &Caller, ino: u64, new_parent: u64, new_name: &OsStr) -> io::Result<Entry> {
+    pub fn link(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> io::Result<Entry> {
         if virt::is_virtual(ino) {
             return Err(errno(libc::EROFS));
         }
@@ -363,7 +402,13 @@ impl PassthroughFs {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let permit = self.gate.permit(caller, Change::Entry { parent: &parent, name })?;
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
             mutate::unlinkat(&permit, parent.fd.as_fd(), c, flags)
         })
     }
@@ -393,7 +438,14 @@ impl PassthroughFs {
                         exchange: flags & libc::RENAME_EXCHANGE != 0,
                     },
                 )?;
-                mutate::renameat2(&permit, parent.fd.as_fd(), from, new_parent.fd.as_fd(), to, flags)
+                mutate::renameat2(
+                    &permit,
+                    parent.fd.as_fd(),
+                    from,
+                    new_parent.fd.as_fd(),
+                    to,
+                    flags,
+                )
             })
         })
     }
@@ -447,6 +499,7 @@ impl PassthroughFs {
             None
         };
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
+        let keep_cache = backing.is_none();
         let fh = self.handles.insert(Handle::File(FileHandle {
             fd,
             inode,
@@ -457,7 +510,7 @@ impl PassthroughFs {
             fh,
             backing,
             direct_io,
-            keep_cache: true,
+            keep_cache,
         })
     }
 
@@ -497,9 +550,16 @@ impl PassthroughFs {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let own = Self::own_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL) | libc::O_NOFOLLOW;
+            let own =
+                Self::own_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL) | libc::O_NOFOLLOW;
             let fd = {
-                let permit = self.gate.permit(caller, Change::Entry { parent: &parent, name })?;
+                let permit = self.gate.permit(
+                    caller,
+                    Change::Entry {
+                        parent: &parent,
+                        name,
+                    },
+                )?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
                 mutate::openat(&permit, parent.fd.as_fd(), c, own, mode)?
             };
@@ -510,7 +570,14 @@ impl PassthroughFs {
         })
     }
 
-    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> io::Result<()> {
+    pub fn read(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
         if virt::is_virtual(ino) {
             return self.virt.read(self, ino, fh, offset, size, out);
         }
@@ -531,7 +598,14 @@ impl PassthroughFs {
         Ok(())
     }
 
-    pub fn write(&self, caller: &Caller, ino: u64, fh: u64, offset: u64, data: &[u8]) -> io::Result<u32> {
+    pub fn write(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> io::Result<u32> {
         if virt::is_virtual(ino) {
             return self.virt.write(self, caller, ino, data);
         }
@@ -542,7 +616,12 @@ impl PassthroughFs {
         let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
         let mut written = 0;
         while written < data.len() {
-            let n = mutate::pwrite(&permit, f.fd.as_fd(), &data[written..], offset + written as u64)?;
+            let n = mutate::pwrite(
+                &permit,
+                f.fd.as_fd(),
+                &data[written..],
+                offset + written as u64,
+            )?;
             if n == 0 {
                 break;
             }
@@ -578,7 +657,14 @@ impl PassthroughFs {
         }
     }
 
-    pub fn fallocate(&self, caller: &Caller, fh: u64, offset: u64, length: u64, mode: i32) -> io::Result<()> {
+    pub fn fallocate(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> io::Result<()> {
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));
@@ -611,9 +697,11 @@ impl PassthroughFs {
         let (Handle::File(fin), Handle::File(fout)) = (&*h_in, &*h_out) else {
             return Err(errno(libc::EISDIR));
         };
-        let permit = self.gate.permit(caller, Change::WriteThrough(&fout.inode))?;
+        let permit = self
+            .gate
+            .permit(caller, Change::WriteThrough(&fout.inode))?;
         // The reply carries a u32 count; ask for no more than fits.
-        let len = len.min(u64::from(u32::MAX & !0xfff));
+        let len = len.min(u64::from(!0xfffu32));
         let n = mutate::copy_file_range(
             &permit,
             fin.fd.as_fd(),
@@ -642,7 +730,13 @@ impl PassthroughFs {
 
     /// Lists entries after `offset`. `emit` returns `true` when the reply is full; the entry
     /// it was given was then *not* sent.
-    pub fn readdir(&self, ino: u64, fh: u64, offset: i64, emit: &mut dyn FnMut(DirEntryOut<'_>) -> bool) -> io::Result<()> {
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        emit: &mut dyn FnMut(DirEntryOut<'_>) -> bool,
+    ) -> io::Result<()> {
         if virt::is_virtual(ino) {
             return self.virt.readdir(self, ino, fh, offset, &mut |e| emit(e));
         }
@@ -765,14 +859,28 @@ impl PassthroughFs {
         sys::listxattr(inode.fd.as_raw_fd(), inode.is_symlink(), buf)
     }
 
-    pub fn setxattr(&self, caller: &Caller, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> io::Result<()> {
         if virt::is_virtual(ino) {
             return Err(errno(libc::EROFS));
         }
         let inode = self.inode(ino)?;
         let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        mutate::setxattr(&permit, inode.fd.as_raw_fd(), inode.is_symlink(), &name, value, flags)
+        mutate::setxattr(
+            &permit,
+            inode.fd.as_raw_fd(),
+            inode.is_symlink(),
+            &name,
+            value,
+            flags,
+        )
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> io::Result<()> {

@@ -9,10 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 /// Converts a `-1` return into the thread's errno.
-pub fn cvt<T: Default + PartialOrd>(ret: T) -> io::Result<T>
-where
-    T: From<i8>,
-{
+pub fn cvt<T: PartialOrd + From<i8>>(ret: T) -> io::Result<T> {
     if ret < T::from(0) {
         Err(io::Error::last_os_error())
     } else {
@@ -35,7 +32,8 @@ pub fn with_name<R>(name: &OsStr, f: impl FnOnce(&CStr) -> io::Result<R>) -> io:
     let mut buf = [0u8; 256];
     buf[..bytes.len()].copy_from_slice(bytes);
     // The buffer holds `bytes` followed by at least one NUL and no interior NUL.
-    let c = CStr::from_bytes_until_nul(&buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let c =
+        CStr::from_bytes_until_nul(&buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     f(c)
 }
 
@@ -58,7 +56,12 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     // SAFETY: valid fd and C string; the returned fd is owned by us.
     let fd = cvt(unsafe {
-        libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode)
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode,
+        )
     })?;
     // SAFETY: fd was just returned by openat and is not owned elsewhere.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -112,9 +115,8 @@ pub fn fd_path(fd: RawFd) -> io::Result<Option<Vec<u8>>> {
     let link = proc_fd_path(&mut buf, fd);
     let mut out = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: `out` is writable for its length.
-    let n = cvt(unsafe {
-        libc::readlink(link.as_ptr(), out.as_mut_ptr().cast(), out.len())
-    })? as usize;
+    let n =
+        cvt(unsafe { libc::readlink(link.as_ptr(), out.as_mut_ptr().cast(), out.len()) })? as usize;
     out.truncate(n);
     if out.ends_with(b" (deleted)") {
         return Ok(None);
@@ -126,7 +128,12 @@ pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     let mut out = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: `out` is writable for its length.
     let n = cvt(unsafe {
-        libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), out.as_mut_ptr().cast(), out.len())
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            out.as_mut_ptr().cast(),
+            out.len(),
+        )
     })? as usize;
     out.truncate(n);
     Ok(out)
@@ -149,7 +156,12 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
 pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     // SAFETY: buf is writable for its length.
     let n = cvt(unsafe {
-        libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset as i64)
+        libc::pread(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            offset as i64,
+        )
     })?;
     Ok(n as usize)
 }
@@ -183,9 +195,19 @@ pub fn getxattr(fd: RawFd, is_symlink: bool, name: &CStr, buf: &mut [u8]) -> io:
         // SAFETY: p and name are C strings; buf is writable for its length (or empty).
         let n = unsafe {
             if is_symlink {
-                libc::lgetxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                libc::lgetxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
             } else {
-                libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                libc::getxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
             }
         };
         cvt(n).map(|n| n as usize)

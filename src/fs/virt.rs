@@ -231,10 +231,13 @@ impl VirtualTree {
                     .history()
                     .checkpoint_index(id)
                     .ok_or_else(|| errno(libc::ENOENT))?;
-                self.view_child(fs, ViewKey {
-                    checkpoint,
-                    rel: Vec::new(),
-                })
+                self.view_child(
+                    fs,
+                    ViewKey {
+                        checkpoint,
+                        rel: Vec::new(),
+                    },
+                )
             }
             CTL | STATE_DIR_FILE => Err(errno(libc::ENOTDIR)),
             _ => {
@@ -283,7 +286,10 @@ impl VirtualTree {
             && set.uid.is_none()
             && set.gid.is_none()
         {
-            return Ok((self.fixed(CTL).ok_or_else(|| errno(libc::EIO))?, CONTROL_TTL));
+            return Ok((
+                self.fixed(CTL).ok_or_else(|| errno(libc::EIO))?,
+                CONTROL_TTL,
+            ));
         }
         Err(errno(libc::EROFS))
     }
@@ -387,7 +393,13 @@ impl VirtualTree {
 
     /// A write to `ctl`: each line is a checkpoint id. The write fails with the first
     /// refused id's errno (EINVAL for a malformed id, EEXIST for a used one).
-    pub fn write(&self, fs: &PassthroughFs, caller: &Caller, ino: u64, data: &[u8]) -> io::Result<u32> {
+    pub fn write(
+        &self,
+        fs: &PassthroughFs,
+        caller: &Caller,
+        ino: u64,
+        data: &[u8],
+    ) -> io::Result<u32> {
         if ino != CTL {
             return Err(errno(libc::EROFS));
         }
@@ -461,7 +473,8 @@ impl VirtualTree {
         let VirtualHandle::Listing(items) = &*h else {
             return Err(errno(libc::ENOTDIR));
         };
-        let dots: [(&[u8], FileType); 2] = [(b".", FileType::Directory), (b"..", FileType::Directory)];
+        let dots: [(&[u8], FileType); 2] =
+            [(b".", FileType::Directory), (b"..", FileType::Directory)];
         let mut pos = offset.max(0) as usize;
         while pos < 2 + items.len() {
             let (name, kind) = if pos < 2 {

@@ -178,7 +178,7 @@ pub struct History {
     source_fd: OwnedFd,
     state_dir: PathBuf,
     store: Store,
-    journal: Journal,
+    journal: std::sync::Arc<Journal>,
     transcript: TranscriptWriter,
     excludes: GlobSet,
     exclude_patterns: Vec<String>,
@@ -217,7 +217,11 @@ impl History {
     }
 
     pub fn checkpoint_ids(&self) -> Vec<String> {
-        self.lock().checkpoints.iter().map(|c| c.id.clone()).collect()
+        self.lock()
+            .checkpoints
+            .iter()
+            .map(|c| c.id.clone())
+            .collect()
     }
 
     pub fn checkpoint_index(&self, id: &str) -> Option<usize> {

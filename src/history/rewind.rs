@@ -75,7 +75,12 @@ impl History {
     fn current(&self, rel: &str) -> io::Result<Option<Current>> {
         let fd = match self.open_beneath(rel) {
             Ok(fd) => fd,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -146,11 +151,16 @@ impl History {
         let selected = |p: &str| {
             only.is_empty()
                 || only.iter().any(|o| {
-                    o.is_empty() || p == o || (p.starts_with(o.as_str()) && p.as_bytes().get(o.len()) == Some(&b'/'))
+                    o.is_empty()
+                        || p == o
+                        || (p.starts_with(o.as_str()) && p.as_bytes().get(o.len()) == Some(&b'/'))
                 })
         };
         let mut steps = Vec::new();
-        for path in tracked.iter().filter(|p| selected(p) && !self.is_excluded(p)) {
+        for path in tracked
+            .iter()
+            .filter(|p| selected(p) && !self.is_excluded(p))
+        {
             let target = self.view_entry(k, path.as_bytes())?;
             let current = self.current(path)?;
             match (current, target) {
@@ -240,7 +250,9 @@ pub fn rewind(fs: &PassthroughFs, id: &str, dry_run: bool, paths: &[String]) -> 
     let mut out = String::new();
     if dry_run {
         if steps.is_empty() {
-            out.push_str(&format!("nothing to change: the tree already equals '{id}'\n"));
+            out.push_str(&format!(
+                "nothing to change: the tree already equals '{id}'\n"
+            ));
         }
         for s in &steps {
             out.push_str(&format!("would {}\n", s.describe()));
@@ -273,7 +285,12 @@ fn open_mount_root(history: &History) -> io::Result<OwnedFd> {
         })?;
     let c = CString::new(mnt).map_err(|_| errno(libc::EINVAL))?;
     // SAFETY: valid C string; fd owned below.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -322,7 +339,10 @@ fn cvt(rc: i32) -> io::Result<()> {
 
 fn apply(history: &History, root: &OwnedFd, steps: &[Step]) -> io::Result<()> {
     // Removals deepest first, so directories are empty when their turn comes.
-    let mut removals: Vec<&Step> = steps.iter().filter(|s| matches!(s, Step::Remove { .. })).collect();
+    let mut removals: Vec<&Step> = steps
+        .iter()
+        .filter(|s| matches!(s, Step::Remove { .. }))
+        .collect();
     removals.sort_by(|a, b| b.path().cmp(a.path()));
     for s in removals {
         if let Step::Remove { path, kind } = s {
@@ -330,13 +350,22 @@ fn apply(history: &History, root: &OwnedFd, steps: &[Step]) -> io::Result<()> {
         }
     }
     // Creations and rewrites shallowest first, so parents exist.
-    let mut writes: Vec<&Step> = steps.iter().filter(|s| !matches!(s, Step::Remove { .. })).collect();
+    let mut writes: Vec<&Step> = steps
+        .iter()
+        .filter(|s| !matches!(s, Step::Remove { .. }))
+        .collect();
     writes.sort_by(|a, b| a.path().cmp(b.path()));
     let mut dirs_meta: Vec<(&str, &ViewEntry)> = Vec::new();
     for s in writes {
         match s {
             Step::Create { path, target } | Step::Rewrite { path, target } => {
-                write_entry(history, root, path, target, matches!(s, Step::Create { .. }))?;
+                write_entry(
+                    history,
+                    root,
+                    path,
+                    target,
+                    matches!(s, Step::Create { .. }),
+                )?;
                 if target.meta.kind == EntryKind::Dir {
                     dirs_meta.push((path, target));
                 } else {
@@ -365,7 +394,11 @@ fn apply(history: &History, root: &OwnedFd, steps: &[Step]) -> io::Result<()> {
 fn remove(root: &OwnedFd, rel: &str, kind: EntryKind) -> io::Result<()> {
     let (parent, name) = parent_and_name(rel);
     let dir = open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-    let flags = if kind == EntryKind::Dir { libc::AT_REMOVEDIR } else { 0 };
+    let flags = if kind == EntryKind::Dir {
+        libc::AT_REMOVEDIR
+    } else {
+        0
+    };
     // SAFETY: valid fd and C string.
     match cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
@@ -380,7 +413,11 @@ fn remove(root: &OwnedFd, rel: &str, kind: EntryKind) -> io::Result<()> {
                 }
             }
             for (n, t) in names {
-                let k = if t == libc::DT_DIR { EntryKind::Dir } else { EntryKind::File };
+                let k = if t == libc::DT_DIR {
+                    EntryKind::Dir
+                } else {
+                    EntryKind::File
+                };
                 remove(root, &format!("{rel}/{n}"), k)?;
             }
             // SAFETY: as above.
@@ -391,7 +428,13 @@ fn remove(root: &OwnedFd, rel: &str, kind: EntryKind) -> io::Result<()> {
     }
 }
 
-fn write_entry(history: &History, root: &OwnedFd, rel: &str, target: &ViewEntry, create: bool) -> io::Result<()> {
+fn write_entry(
+    history: &History,
+    root: &OwnedFd,
+    rel: &str,
+    target: &ViewEntry,
+    create: bool,
+) -> io::Result<()> {
     let (parent, name) = parent_and_name(rel);
     let dir = open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
     let m = &target.meta;
@@ -431,7 +474,12 @@ fn write_entry(history: &History, root: &OwnedFd, rel: &str, target: &ViewEntry,
             };
             // SAFETY: valid fd and C string.
             cvt(unsafe {
-                libc::mknodat(dir.as_raw_fd(), name.as_ptr(), t | (m.mode & 0o777), m.rdev.unwrap_or(0))
+                libc::mknodat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    t | (m.mode & 0o777),
+                    m.rdev.unwrap_or(0),
+                )
             })
         }
     }
@@ -445,12 +493,28 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
     } else {
         open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?
     };
-    let name = if rel.is_empty() { CString::new(".").unwrap_or_default() } else { name };
+    let name = if rel.is_empty() {
+        CString::new(".").unwrap_or_default()
+    } else {
+        name
+    };
     // SAFETY (all calls below): valid fd and C string.
     cvt(unsafe {
-        libc::fchownat(dir.as_raw_fd(), name.as_ptr(), m.uid, m.gid, libc::AT_SYMLINK_NOFOLLOW)
+        libc::fchownat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            m.uid,
+            m.gid,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     })
-    .or_else(|e| if e.raw_os_error() == Some(libc::EPERM) { Ok(()) } else { Err(e) })?;
+    .or_else(|e| {
+        if e.raw_os_error() == Some(libc::EPERM) {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    })?;
     if m.kind != EntryKind::Symlink {
         cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), m.mode, 0) })?;
     }
@@ -465,7 +529,12 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
         },
     ];
     cvt(unsafe {
-        libc::utimensat(dir.as_raw_fd(), name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        libc::utimensat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     })
 }
 

@@ -13,10 +13,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use log::{debug, info, warn};
 
 use super::store::Store;
-use super::{
-    Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState,
-    rel_key,
-};
+use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
 use crate::fs::sys;
 use crate::transcript::journal::Journal;
 use crate::transcript::record::{
@@ -64,8 +61,7 @@ pub fn build_excludes(patterns: &[String]) -> io::Result<GlobSet> {
 
 /// Opens the history in `cfg.state_dir`, replaying the transcript and the store journal.
 pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
-    let src_c = CString::new(cfg.source.as_os_str().as_bytes())
-        .map_err(|_| errno(libc::EINVAL))?;
+    let src_c = CString::new(cfg.source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
     // SAFETY: valid C string; the fd is owned below.
     let raw = unsafe {
         libc::open(
@@ -89,8 +85,9 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
             "transcript {}: dropped a torn last line ({line}), left by a crash during an append",
             transcript_path.display()
         );
-        truncate_torn_tail(&transcript_path, &outcome)?;
     }
+    // Leaves the file ending on a line boundary, which the writer requires.
+    truncate_torn_tail(&transcript_path, &outcome)?;
     let last_seq = outcome.records.last().map_or(0, |r| r.seq);
     let journal_tail = Journal::read_after(&journal_path, last_seq).map_err(to_io)?;
 
@@ -114,8 +111,17 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
         state.paths.len()
     );
 
-    let journal = Journal::open(&journal_path)?;
+    let journal = Arc::new(Journal::open(&journal_path)?);
     let transcript = TranscriptWriter::start(&transcript_path)?;
+    {
+        // Once the transcript holds everything the journal does, the journal can go.
+        let journal = journal.clone();
+        transcript.set_on_durable(Box::new(move |seq| {
+            if let Err(e) = journal.truncate_if_covered(seq) {
+                warn!("truncating the store journal: {e}");
+            }
+        }));
+    }
     // Records that reached only the journal before a crash belong in the transcript too.
     for r in journal_tail {
         transcript.append(r);
@@ -193,7 +199,8 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             return;
         }
         let k = state.checkpoints.len();
-        let time = humantime::parse_rfc3339(&r.snapshot.timestamp).unwrap_or(SystemTime::UNIX_EPOCH);
+        let time =
+            humantime::parse_rfc3339(&r.snapshot.timestamp).unwrap_or(SystemTime::UNIX_EPOCH);
         state.checkpoints.push(Checkpoint {
             id: id.clone(),
             time,
@@ -228,7 +235,9 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
                 state: state_of(b),
                 time: parse_time(&b.backup_time),
             });
-        } else if v >= 1 && v <= h.versions.len() && h.versions[v - 1].state == VersionState::Pending
+        } else if v >= 1
+            && v <= h.versions.len()
+            && h.versions[v - 1].state == VersionState::Pending
         {
             h.versions[v - 1].state = state_of(b);
         }
@@ -309,7 +318,13 @@ impl History {
 
     /// Layer 1 for a rename: both names, and for a directory every path below it at its old
     /// and its new place (a directory rename moves its whole subtree).
-    pub fn before_rename(&self, caller: &Caller, from: &[u8], to: &[u8], exchange: bool) -> io::Result<()> {
+    pub fn before_rename(
+        &self,
+        caller: &Caller,
+        from: &[u8],
+        to: &[u8],
+        exchange: bool,
+    ) -> io::Result<()> {
         let (Some(from), Some(to)) = (rel_key(from), rel_key(to)) else {
             warn!("not tracking a rename involving a non-UTF-8 path");
             return Ok(());
@@ -333,7 +348,9 @@ impl History {
             };
             let entries = match std::fs::read_dir(self.source.join(&dir)) {
                 Ok(e) => e,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ENOENT)) => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ENOENT)) => {
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             for entry in entries {
@@ -418,7 +435,15 @@ impl History {
                     }
                     let actor = caller.map(|c| self.actor(c));
                     debug!("layer 1: backed up {rel} as v{version}");
-                    return self.emit_layer1(&mut st, rel, version as u32, &v, actor, fill, fresh_content);
+                    return self.emit_layer1(
+                        &mut st,
+                        rel,
+                        version as u32,
+                        &v,
+                        actor,
+                        fill,
+                        fresh_content,
+                    );
                 }
             }
         }
@@ -498,7 +523,12 @@ impl History {
             Ok(fd) => fd,
             // ENOTDIR: a parent is now a file; ELOOP: a parent is a symlink — either way
             // nothing exists at this path in the tree.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
                 return Ok((VersionState::Absent, false));
             }
             Err(e) => return Err(e),
@@ -509,8 +539,10 @@ impl History {
         };
         let object = match meta.kind {
             EntryKind::File => {
-                let file = File::from(sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY | libc::O_NOATIME)
-                    .or_else(|_| sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY))?);
+                let file = File::from(
+                    sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY | libc::O_NOATIME)
+                        .or_else(|_| sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY))?,
+                );
                 let obj = self.store.put_file(&file)?;
                 meta.size = obj.size;
                 Some(obj.name)
@@ -580,7 +612,10 @@ impl History {
                 time: now,
             });
             let n = h.versions.len() as u32;
-            delta.insert(path.clone(), backup_of(n, &h.versions[n as usize - 1], None, false));
+            delta.insert(
+                path.clone(),
+                backup_of(n, &h.versions[n as usize - 1], None, false),
+            );
             if pending {
                 to_fill.push((path.clone(), n));
             }
@@ -594,7 +629,10 @@ impl History {
             .iter()
             .map(|(p, h)| {
                 let n = h.version_at(k);
-                (p.clone(), backup_of(n as u32, &h.versions[n - 1], None, false))
+                (
+                    p.clone(),
+                    backup_of(n as u32, &h.versions[n - 1], None, false),
+                )
             })
             .collect();
         let seq = st.next_seq;
@@ -633,7 +671,12 @@ impl History {
     fn capture_cheap(&self, rel: &str) -> io::Result<VersionState> {
         let fd = match self.open_beneath(rel) {
             Ok(fd) => fd,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
                 return Ok(VersionState::Absent);
             }
             Err(e) => return Err(e),
@@ -672,7 +715,9 @@ impl History {
             if let Err(e) = self.track(&path, None, true) {
                 // The gate will copy it before the path changes, so nothing is lost; the
                 // view falls back to the same copy-on-read.
-                warn!("background copy of {path} failed: {e}; it will be copied on its next change");
+                warn!(
+                    "background copy of {path} failed: {e}; it will be copied on its next change"
+                );
             }
         }
     }
@@ -713,6 +758,9 @@ mod tests {
     #[test]
     fn bad_exclude_pattern_is_a_clear_error() {
         let err = build_excludes(&["a[".into()]).unwrap_err();
-        assert!(err.to_string().contains("bad --exclude pattern 'a['"), "{err}");
+        assert!(
+            err.to_string().contains("bad --exclude pattern 'a['"),
+            "{err}"
+        );
     }
 }

@@ -7,8 +7,8 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use super::{History, VersionState};
-use crate::fs::sys;
 use crate::fs::CONTROL_DIR_NAME;
+use crate::fs::sys;
 use crate::transcript::record::{EntryKind, EntryMeta};
 
 /// Where a view entry's content comes from.
@@ -54,7 +54,9 @@ impl History {
                 VersionState::Present { meta, object } => {
                     return Ok(Some(ViewEntry {
                         meta: meta.clone(),
-                        content: object.clone().map_or(ViewContent::None, ViewContent::Object),
+                        content: object
+                            .clone()
+                            .map_or(ViewContent::None, ViewContent::Object),
                     }));
                 }
                 // Unchanged since that checkpoint: copy it now so the view can never see a
@@ -75,7 +77,12 @@ impl History {
         let rel_s = String::from_utf8_lossy(rel);
         let fd = match self.open_beneath_bytes(rel) {
             Ok(fd) => fd,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
                 return Ok(None);
             }
             Err(e) => return Err(e),

@@ -24,6 +24,7 @@ fn file_backup(version: u32) -> TrackedFileBackup {
         }),
         pending: false,
         actor: None,
+        fill: false,
     }
 }
 
