@@ -34,6 +34,14 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // Signals go to one thread that turns them into an unmount; block them everywhere else
     // (the mask is inherited by every thread spawned from here on).
     let signals = block_termination_signals()?;
+    // The kernel has applied the caller's umask to every mode it sends; ours must not be
+    // applied a second time.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+    std::fs::write(
+        cfg.state_dir.join("source"),
+        format!("{}\n", cfg.source.display()),
+    )?;
 
     let root = open_dir_path(&cfg.source)?;
     if cfg
