@@ -1,14 +1,16 @@
 //! The history subcommands: `checkpoint`, `rewind`, `log`, `diff`, `status`.
 //!
 //! Each returns the process exit status (0 success, 1 runtime failure, 2 usage error or
-//! refusal) and prints its own one-line errors. Only `checkpoint` is implemented in the cli
-//! branch; the others are stubs for the core author to replace.
+//! refusal) and prints its own one-line errors. `checkpoint` writes to the mount's ctl file;
+//! the others talk to the daemon over its control socket, or read an unmounted state dir.
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::{IntoRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+use crate::control::{self, Request};
+use crate::history::{History, HistoryConfig, open_history_readonly};
 use crate::ids::validate_id;
 
 /// Where a read-only history command finds its data.
@@ -99,31 +101,190 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
     }
 }
 
-fn not_implemented(cmd: &str) -> i32 {
-    eprintln!("checkpointfs: {cmd} is not implemented in this build");
-    EXIT_FAILURE
+/// The state dir of the mount at `mnt`, from its virtual `.checkpoint/state-dir` file.
+fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
+    match std::fs::read_to_string(mnt.join(".checkpoint/state-dir")) {
+        Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            eprintln!(
+                "checkpointfs: the daemon serving {} is gone; clean up with: umount -l {}",
+                mnt.display(),
+                mnt.display()
+            );
+            Err(EXIT_FAILURE)
+        }
+        Err(_) => {
+            eprintln!(
+                "checkpointfs: {} is not a checkpointfs mount",
+                mnt.display()
+            );
+            Err(EXIT_USAGE)
+        }
+    }
+}
+
+/// Sends `req` to the daemon and prints its answer.
+fn ask_daemon(state_dir: &Path, req: &Request) -> i32 {
+    match control::request(state_dir, req) {
+        Ok(resp) if resp.ok => {
+            print!("{}", resp.output);
+            EXIT_OK
+        }
+        Ok(resp) => {
+            eprintln!("checkpointfs: {}", resp.error);
+            EXIT_FAILURE
+        }
+        Err(e) => {
+            eprintln!("checkpointfs: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// Runs a report on `target`: through the daemon when one serves it, else by reading the
+/// state dir (read-only) directly.
+fn report(
+    target: &Target,
+    req: Request,
+    offline: impl FnOnce(&History) -> io::Result<String>,
+) -> i32 {
+    let state_dir = match target {
+        Target::Mount(mnt) => match state_dir_of_mount(mnt) {
+            Ok(d) => d,
+            Err(code) => return code,
+        },
+        Target::StateDir(d) => d.clone(),
+    };
+    if control::daemon_is_serving(&state_dir) {
+        return ask_daemon(&state_dir, &req);
+    }
+    let source = match std::fs::read_to_string(state_dir.join("source")) {
+        Ok(s) => PathBuf::from(s.trim_end_matches('\n')),
+        Err(e) => {
+            eprintln!(
+                "checkpointfs: {} is not a checkpointfs state dir (no 'source' file: {e})",
+                state_dir.display()
+            );
+            return EXIT_USAGE;
+        }
+    };
+    let history = match open_history_readonly(HistoryConfig {
+        source,
+        state_dir: state_dir.clone(),
+        excludes: Vec::new(),
+    }) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("checkpointfs: cannot read {}: {e}", state_dir.display());
+            return EXIT_FAILURE;
+        }
+    };
+    match offline(&history) {
+        Ok(out) => {
+            print!("{out}");
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("checkpointfs: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// A PATH given to `rewind -- PATH...`, as a path relative to the mount root: absolute
+/// paths and paths relative to the working directory are taken as they point into MNT;
+/// anything else is read as relative to the mount root.
+fn path_in_mount(mnt: &Path, p: &Path) -> Result<String, String> {
+    let mnt = std::fs::canonicalize(mnt).unwrap_or_else(|_| mnt.to_path_buf());
+    let joined = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    let mut norm = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                norm.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => norm.push(other),
+        }
+    }
+    let rel = match norm.strip_prefix(&mnt) {
+        Ok(r) => r.to_path_buf(),
+        Err(_) if p.is_absolute() => {
+            return Err(format!(
+                "{} is not inside the mount {}",
+                p.display(),
+                mnt.display()
+            ));
+        }
+        Err(_) => p.to_path_buf(),
+    };
+    rel.to_str()
+        .map(|s| s.trim_matches('/').to_string())
+        .ok_or_else(|| format!("{} is not valid UTF-8", p.display()))
 }
 
 /// `checkpointfs rewind MNT ID [--dry-run] [-- PATH...]`.
 pub fn rewind(mnt: &Path, id: &str, dry_run: bool, paths: &[PathBuf]) -> i32 {
-    let _ = (mnt, id, dry_run, paths);
-    not_implemented("rewind")
+    let state_dir = match state_dir_of_mount(mnt) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    let mut rels = Vec::new();
+    for p in paths {
+        match path_in_mount(mnt, p) {
+            Ok(r) => rels.push(r),
+            Err(e) => {
+                eprintln!("checkpointfs: {e}");
+                return EXIT_USAGE;
+            }
+        }
+    }
+    ask_daemon(
+        &state_dir,
+        &Request::Rewind {
+            id: id.to_string(),
+            dry_run,
+            paths: rels,
+        },
+    )
 }
 
 /// `checkpointfs log MNT | --state-dir DIR`.
 pub fn log(target: &Target) -> i32 {
-    let _ = target;
-    not_implemented("log")
+    report(target, Request::Log, |h| h.log_text())
 }
 
 /// `checkpointfs diff MNT M [N] | --state-dir DIR M [N]`; `to == None`: the current tree.
 pub fn diff(target: &Target, from: &str, to: Option<&str>) -> i32 {
-    let _ = (target, from, to);
-    not_implemented("diff")
+    let req = Request::Diff {
+        from: from.to_string(),
+        to: to.map(str::to_string),
+    };
+    report(target, req, |h| h.diff_text(from, to))
 }
 
 /// `checkpointfs status MNT | --state-dir DIR [--path P]`.
 pub fn status(target: &Target, path: Option<&Path>) -> i32 {
-    let _ = (target, path);
-    not_implemented("status")
+    let rel = match (target, path) {
+        (Target::Mount(mnt), Some(p)) => match path_in_mount(mnt, p) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("checkpointfs: {e}");
+                return EXIT_USAGE;
+            }
+        },
+        (Target::StateDir(_), Some(p)) => Some(p.to_string_lossy().trim_matches('/').to_string()),
+        (_, None) => None,
+    };
+    let req = Request::Status { path: rel.clone() };
+    report(target, req, |h| {
+        h.status_text(rel.as_deref())
+            .map(|s| format!("mount:          not mounted (read from the state dir)\n{s}"))
+    })
 }

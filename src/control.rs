@@ -30,6 +30,14 @@ pub enum Request {
         dry_run: bool,
         paths: Vec<String>,
     },
+    Log,
+    Diff {
+        from: String,
+        to: Option<String>,
+    },
+    Status {
+        path: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -154,11 +162,25 @@ fn handle(fs: &PassthroughFs, req: Request) -> Response {
         Request::Rewind { id, dry_run, paths } => {
             crate::history::rewind::rewind(fs, &id, dry_run, &paths)
         }
+        // Reports read the transcript: make it complete first.
+        Request::Log => fs.history().flush().and_then(|()| fs.history().log_text()),
+        Request::Diff { from, to } => fs.history().diff_text(&from, to.as_deref()),
+        Request::Status { path } => fs.history().status_text(path.as_deref()).map(|s| {
+            format!(
+                "mount:          live (daemon pid {})\n{s}",
+                std::process::id()
+            )
+        }),
     };
     match result {
         Ok(out) => Response::ok(out),
         Err(e) => Response::err(&e),
     }
+}
+
+/// Whether a daemon is listening on the state dir's control socket.
+pub fn daemon_is_serving(state_dir: &Path) -> bool {
+    UnixStream::connect(state_dir.join(SOCKET_NAME)).is_ok()
 }
 
 /// Sends one request to the daemon whose state dir is `state_dir`.

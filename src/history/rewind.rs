@@ -6,18 +6,16 @@
 //! resolved beneath the mount root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` and
 //! the last component is never followed, so a rewind cannot be led out of the tree by a
 //! symlink planted in it.
-use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 
 use log::info;
 use sha2::{Digest, Sha256};
 
+use super::History;
 use super::view::ViewEntry;
-use super::{History, VersionState};
 use crate::fs::{PassthroughFs, sys};
 use crate::transcript::record::EntryKind;
 
@@ -538,28 +536,8 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
     })
 }
 
-/// Summary of differences between two states, for `log` and `diff`: path → (before, after).
-pub type Changes = BTreeMap<String, (Option<ViewEntry>, Option<ViewEntry>)>;
-
 impl History {
-    /// Tracked paths whose state differs between checkpoints `a` and `b` (`None` = now).
-    pub fn changes_between(&self, a: usize, b: Option<usize>) -> io::Result<Changes> {
-        let paths: Vec<String> = self.lock().paths.keys().cloned().collect();
-        let mut out = Changes::new();
-        for p in paths {
-            let before = self.view_entry(a, p.as_bytes())?;
-            let after = match b {
-                Some(b) => self.view_entry(b, p.as_bytes())?,
-                None => self.now_entry(&p)?,
-            };
-            if !same_entry(&before, &after) || self.content_differs_now(&p, &before, &after, b)? {
-                out.insert(p, (before, after));
-            }
-        }
-        Ok(out)
-    }
-
-    fn now_entry(&self, rel: &str) -> io::Result<Option<ViewEntry>> {
+    pub(crate) fn now_entry(&self, rel: &str) -> io::Result<Option<ViewEntry>> {
         // The live tree is a "view" whose content is read from SRC.
         let Some(cur) = self.current(rel)? else {
             return Ok(None);
@@ -582,51 +560,4 @@ impl History {
         };
         Ok(Some(ViewEntry { meta, content }))
     }
-
-    fn content_differs_now(
-        &self,
-        rel: &str,
-        before: &Option<ViewEntry>,
-        after: &Option<ViewEntry>,
-        b: Option<usize>,
-    ) -> io::Result<bool> {
-        // Only "now" needs hashing: stored versions compare by object name.
-        if b.is_some() {
-            return Ok(false);
-        }
-        match (before, after) {
-            (Some(x), Some(_)) if matches!(x.meta.kind, EntryKind::File | EntryKind::Symlink) => {
-                Ok(!self.same_content(rel, x)?)
-            }
-            _ => Ok(false),
-        }
-    }
-}
-
-fn same_entry(a: &Option<ViewEntry>, b: &Option<ViewEntry>) -> bool {
-    use super::view::ViewContent;
-    match (a, b) {
-        (None, None) => true,
-        (Some(x), Some(y)) => {
-            x.meta.kind == y.meta.kind
-                && x.meta.mode == y.meta.mode
-                && x.meta.size == y.meta.size
-                && match (&x.content, &y.content) {
-                    (ViewContent::Object(p), ViewContent::Object(q)) => p == q,
-                    // Live content is compared by hash by the caller.
-                    _ => true,
-                }
-        }
-        _ => false,
-    }
-}
-
-/// True when a version is still waiting for its content (exposed for status).
-pub fn is_pending(state: &VersionState) -> bool {
-    matches!(state, VersionState::Pending)
-}
-
-#[allow(dead_code)]
-fn name_bytes(p: &std::path::Path) -> &[u8] {
-    p.as_os_str().as_bytes()
 }
