@@ -43,6 +43,9 @@ fn not_found(id: &str) -> io::Error {
     )
 }
 
+/// How a path changed, with its entry before and after (`None`: absent).
+pub type Change = (ChangeKind, Option<ViewEntry>, Option<ViewEntry>);
+
 impl History {
     pub fn point(&self, id: &str) -> io::Result<Point> {
         self.checkpoint_index(id)
@@ -63,7 +66,7 @@ impl History {
         &self,
         a: Point,
         b: Point,
-    ) -> io::Result<BTreeMap<String, (ChangeKind, Option<ViewEntry>, Option<ViewEntry>)>> {
+    ) -> io::Result<BTreeMap<String, Change>> {
         let paths: BTreeSet<String> = self.lock().paths.keys().cloned().collect();
         let mut out = BTreeMap::new();
         for p in paths {
