@@ -62,11 +62,7 @@ impl History {
     }
 
     /// Tracked paths that differ between `a` and `b`, with the entries on each side.
-    pub fn changes(
-        &self,
-        a: Point,
-        b: Point,
-    ) -> io::Result<BTreeMap<String, Change>> {
+    pub fn changes(&self, a: Point, b: Point) -> io::Result<BTreeMap<String, Change>> {
         let paths: BTreeSet<String> = self.lock().paths.keys().cloned().collect();
         let mut out = BTreeMap::new();
         for p in paths {

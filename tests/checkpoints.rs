@@ -1,0 +1,550 @@
+//! Checkpoints on a real mount: Layer 1 backups, Layer 2 checkpoints from `.checkpoint/ctl`,
+//! browsing `at/<id>`, log/diff/status, rewind (whole and selective), remount and kill -9
+//! recovery — driven by real tools, checked byte for byte with full-tree listings.
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+
+use common::{TestMount, cli, run, stderr, stdout, tree_listing};
+
+fn sh(m: &TestMount, script: &str) {
+    let out = run("sh", &["-c", script], &m.mnt);
+    assert!(
+        out.status.success(),
+        "sh -c {script:?} failed: {}",
+        stderr(&out)
+    );
+}
+
+fn at(m: &TestMount, id: &str) -> std::path::PathBuf {
+    m.mnt.join(".checkpoint/at").join(id)
+}
+
+fn checkpoint(m: &TestMount, id: &str) {
+    m.ctl(id).unwrap_or_else(|e| panic!("checkpoint {id}: {e}"));
+}
+
+fn rewind(m: &TestMount, id: &str, extra: &[&str]) -> String {
+    let mut args = vec!["rewind", m.mnt.to_str().unwrap(), id];
+    args.extend_from_slice(extra);
+    let out = cli(&args);
+    assert!(out.status.success(), "rewind {id}: {}", stderr(&out));
+    stdout(&out)
+}
+
+/// A small project with files, a subdirectory, a symlink and an executable.
+fn seed(src: &Path) {
+    fs::write(src.join("a.txt"), "alpha\nbeta\n").unwrap();
+    fs::create_dir(src.join("dir")).unwrap();
+    fs::write(src.join("dir/b.txt"), "bravo\n").unwrap();
+    fs::write(src.join("run.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(src.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    symlink("a.txt", src.join("link")).unwrap();
+}
+
+fn seeded(args: &[&str]) -> TestMount {
+    let mut m = TestMount::unmounted(args);
+    seed(&m.src);
+    m.mount();
+    m
+}
+
+/// The tree at `at/<id>` equals the live tree as it was when the checkpoint was taken, and
+/// a rewind restores exactly that — across several checkpoints and every kind of change.
+fn views_and_rewinds_match_the_tree_at_each_checkpoint(args: &[&str]) {
+    let m = seeded(args);
+    let mut expected = Vec::new();
+
+    checkpoint(&m, "m1");
+    expected.push(("m1", tree_listing(&m.mnt)));
+
+    sh(
+        &m,
+        "sed -i 's/beta/BETA/' a.txt && mv dir/b.txt dir/c.txt && rm run.sh",
+    );
+    sh(
+        &m,
+        "mkdir -p new/deep && printf 'x%.0s' $(seq 1 5000) > new/deep/big && ln -sfn dir link",
+    );
+    checkpoint(&m, "m2");
+    expected.push(("m2", tree_listing(&m.mnt)));
+
+    sh(
+        &m,
+        "truncate -s 3 a.txt && chmod 600 dir/c.txt && rm -r new && cp -a dir dir2",
+    );
+    let py = "import os\nwith open('py.bin','wb') as f: f.write(bytes(range(256))*100)\n";
+    let out = run("python3", &["-c", py], &m.mnt);
+    assert!(out.status.success(), "{}", stderr(&out));
+    checkpoint(&m, "m3");
+    expected.push(("m3", tree_listing(&m.mnt)));
+
+    // Changes after the last checkpoint, then every view still shows its own moment.
+    sh(&m, "echo after >> a.txt && rm -r dir");
+    for (id, listing) in &expected {
+        assert_eq!(&tree_listing(&at(&m, id)), listing, "view at/{id}");
+    }
+
+    // `ls at/` lists checkpoints in creation order; `.checkpoint` is not listed at the root.
+    let ids: Vec<String> = fs::read_dir(m.mnt.join(".checkpoint/at"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(ids, ["m1", "m2", "m3"]);
+    let root: Vec<String> = fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(!root.contains(&".checkpoint".to_string()), "{root:?}");
+
+    // Rewind to each checkpoint in turn, in a shuffled order, and back.
+    for id in ["m1", "m3", "m2", "m1"] {
+        let out = rewind(&m, id, &[]);
+        assert!(out.contains("saved current state as"), "{out}");
+        let want = &expected.iter().find(|(i, _)| *i == id).unwrap().1;
+        assert_eq!(&tree_listing(&m.mnt), want, "tree after rewind to {id}");
+        // And SRC agrees with the mount (the rewind went through the mount to SRC).
+        assert_eq!(&tree_listing(&m.src), want, "SRC after rewind to {id}");
+    }
+}
+
+#[test]
+fn views_and_rewinds_match_with_kernel_passthrough() {
+    views_and_rewinds_match_the_tree_at_each_checkpoint(&[]);
+}
+
+#[test]
+fn views_and_rewinds_match_without_passthrough() {
+    views_and_rewinds_match_the_tree_at_each_checkpoint(&["--no-passthrough"]);
+}
+
+#[test]
+fn a_rewind_is_undone_by_rewinding_to_the_saved_state() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    sh(&m, "echo changed > a.txt && touch created");
+    let before = tree_listing(&m.mnt);
+    let out = rewind(&m, "m1", &[]);
+    let saved = out
+        .lines()
+        .find_map(|l| l.strip_prefix("saved current state as "))
+        .unwrap_or_else(|| panic!("no saved id in {out:?}"))
+        .to_string();
+    assert_ne!(tree_listing(&m.mnt), before);
+    rewind(&m, &saved, &[]);
+    assert_eq!(tree_listing(&m.mnt), before);
+}
+
+#[test]
+fn selective_rewind_restores_only_the_given_paths() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    let at_m1 = tree_listing(&m.mnt);
+    sh(
+        &m,
+        "echo one > a.txt && echo two > dir/b.txt && echo three > dir/new && rm link",
+    );
+    let out = cli(&["rewind", m.mnt.to_str().unwrap(), "m1", "--", "dir"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(m.mnt.join("a.txt")).unwrap(), "one\n");
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("dir/b.txt")).unwrap(),
+        "bravo\n"
+    );
+    assert!(!m.mnt.join("dir/new").exists());
+    assert!(fs::symlink_metadata(m.mnt.join("link")).is_err());
+    // The rest, rewound too, gives the whole tree back.
+    rewind(&m, "m1", &["--", "a.txt", "link"]);
+    assert_eq!(tree_listing(&m.mnt), at_m1);
+}
+
+#[test]
+fn dry_run_lists_changes_and_changes_nothing() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    sh(&m, "echo x > a.txt && touch fresh && rm dir/b.txt");
+    let before = tree_listing(&m.mnt);
+    let out = rewind(&m, "m1", &["--dry-run"]);
+    for p in ["a.txt", "fresh", "dir/b.txt"] {
+        assert!(out.contains(p), "dry run output lacks {p}: {out}");
+    }
+    assert_eq!(tree_listing(&m.mnt), before);
+    let ids: Vec<_> = fs::read_dir(m.mnt.join(".checkpoint/at"))
+        .unwrap()
+        .collect();
+    assert_eq!(ids.len(), 1, "a dry run must not save a checkpoint");
+}
+
+#[test]
+fn git_reset_hard_and_checkout_are_undone_by_a_rewind() {
+    let m = seeded(&[]);
+    let git = |args: &[&str]| {
+        let out = run("git", args, &m.mnt);
+        assert!(out.status.success(), "git {args:?}: {}", stderr(&out));
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    git(&[
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "commit",
+        "-qm",
+        "one",
+    ]);
+    sh(
+        &m,
+        "echo 'precious uncommitted work' >> a.txt && echo wip > dir/wip.txt",
+    );
+    checkpoint(&m, "before-reset");
+    let precious = tree_listing(&m.mnt);
+    git(&["reset", "--hard", "-q"]);
+    git(&["clean", "-fdq"]);
+    git(&["checkout", "."]);
+    assert!(!m.mnt.join("dir/wip.txt").exists());
+    rewind(&m, "before-reset", &[]);
+    assert_eq!(tree_listing(&m.mnt), precious);
+    git(&["status", "--porcelain"]);
+}
+
+#[test]
+fn checkpoints_and_backups_survive_remount_and_kill_9() {
+    let mut m = seeded(&[]);
+    checkpoint(&m, "m1");
+    let l1 = tree_listing(&m.mnt);
+    sh(&m, "echo two > a.txt && mkdir z && echo zz > z/f");
+    checkpoint(&m, "m2");
+    let l2 = tree_listing(&m.mnt);
+    m.remount();
+    assert_eq!(tree_listing(&at(&m, "m1")), l1);
+    assert_eq!(tree_listing(&at(&m, "m2")), l2);
+
+    // Changes whose Layer 1 backup went ahead, then SIGKILL: nothing is lost.
+    sh(&m, "echo three > a.txt && rm -r z && echo new > n");
+    checkpoint(&m, "m3");
+    let l3 = tree_listing(&m.mnt);
+    sh(&m, "echo four > a.txt && rm dir/b.txt");
+    m.kill9();
+    m.mount();
+    for (id, l) in [("m1", &l1), ("m2", &l2), ("m3", &l3)] {
+        assert_eq!(&tree_listing(&at(&m, id)), l, "at/{id} after kill -9");
+    }
+    rewind(&m, "m1", &[]);
+    assert_eq!(tree_listing(&m.mnt), l1);
+    rewind(&m, "m3", &[]);
+    assert_eq!(tree_listing(&m.mnt), l3);
+}
+
+#[test]
+fn bad_checkpoint_ids_fail_with_einval_and_duplicates_with_eexist() {
+    let m = seeded(&[]);
+    let long = "x".repeat(129);
+    for bad in ["", "a/b", "a b", ".", "..", "tab\there", long.as_str(), "é"] {
+        let err = m.ctl(bad).expect_err(bad);
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "id {bad:?}");
+    }
+    // A NUL inside the line.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.mnt.join(".checkpoint/ctl"))
+        .unwrap();
+    let err = f.write(b"a\0b\n").expect_err("NUL");
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    assert_eq!(
+        fs::read_dir(m.mnt.join(".checkpoint/at")).unwrap().count(),
+        0
+    );
+
+    checkpoint(&m, "ok-1");
+    let err = m.ctl("ok-1").expect_err("duplicate");
+    assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+    let out = cli(&["checkpoint", m.mnt.to_str().unwrap(), "ok-1"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));
+    let out = cli(&["checkpoint", m.mnt.to_str().unwrap(), "a b"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn rewind_to_an_unknown_id_names_it_and_changes_nothing() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    sh(&m, "echo x > a.txt");
+    let before = tree_listing(&m.mnt);
+    let out = cli(&["rewind", m.mnt.to_str().unwrap(), "msg-9"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no checkpoint named 'msg-9'"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(tree_listing(&m.mnt), before);
+    assert_eq!(
+        fs::read_dir(m.mnt.join(".checkpoint/at")).unwrap().count(),
+        1
+    );
+}
+
+#[test]
+fn views_are_read_only_and_unknown_ids_are_enoent() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    let view = at(&m, "m1");
+    let err = fs::write(view.join("a.txt"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = fs::write(view.join("new"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = fs::remove_file(view.join("a.txt")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = fs::metadata(at(&m, "nope")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+}
+
+#[test]
+fn log_names_the_tools_and_diff_shows_the_change() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    sh(
+        &m,
+        "sed -i 's/alpha/ALPHA/' a.txt && printf '\\000\\001' > bin.dat",
+    );
+    checkpoint(&m, "m2");
+    let mnt = m.mnt.to_str().unwrap();
+    let out = cli(&["log", mnt]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stdout(&out);
+    let m2 = &log[log.find("m2").expect("m2 in log")..];
+    assert!(m2.contains("M a.txt") && m2.contains("sed"), "{log}");
+    assert!(m2.contains("A bin.dat"), "{log}");
+
+    let out = cli(&["diff", mnt, "m1", "m2"]);
+    let diff = stdout(&out);
+    assert!(diff.contains("-alpha\n+ALPHA\n"), "{diff}");
+    assert!(diff.contains("Binary files"), "{diff}");
+
+    let out = cli(&["status", mnt]);
+    let status = stdout(&out);
+    assert!(status.contains("checkpoints:    2"), "{status}");
+
+    // The same reports from the state dir once unmounted.
+    let state = m.state.to_str().unwrap().to_string();
+    drop(out);
+    let mut m = m;
+    m.umount();
+    let out = cli(&["log", "--state-dir", &state]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("M a.txt"));
+    let out = cli(&["diff", "--state-dir", &state, "m1", "m2"]);
+    assert!(stdout(&out).contains("+ALPHA"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_backup_that_cannot_fit_fails_the_write_and_keeps_the_file() {
+    // A state dir on a 1 MiB tmpfs: a 4 MiB file's backup cannot fit. The guard is declared
+    // first so it is dropped (unmounting the tmpfs) after the FUSE mount is gone.
+    struct Umount(tempfile::TempDir);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+    let small = Umount(tempfile::tempdir().unwrap());
+    let small_dir = small.0.path().to_str().unwrap().to_string();
+    let out = run(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m,mode=0700",
+            "tmpfs",
+            &small_dir,
+        ],
+        Path::new("/"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let mut m = TestMount::unmounted(&[]);
+    let big: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(m.src.join("big.bin"), &big).unwrap();
+    fs::write(m.src.join("small.txt"), "small\n").unwrap();
+    m.state = small.0.path().join("state");
+    m.mount();
+
+    let err = fs::write(m.mnt.join("big.bin"), b"overwritten").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert_eq!(
+        fs::read(m.src.join("big.bin")).unwrap(),
+        big,
+        "SRC must be untouched"
+    );
+    let err = fs::remove_file(m.mnt.join("big.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    assert!(m.src.join("big.bin").exists());
+    // No partial backup left in the store, and the daemon keeps serving.
+    let leftovers: Vec<_> = fs::read_dir(m.state.join("backups"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    fs::write(m.mnt.join("small.txt"), "still works\n").unwrap();
+    assert_eq!(
+        fs::read_to_string(m.src.join("small.txt")).unwrap(),
+        "still works\n"
+    );
+    checkpoint(&m, "after-enospc");
+    assert_eq!(
+        fs::read_to_string(at(&m, "after-enospc").join("small.txt")).unwrap(),
+        "still works\n"
+    );
+    assert_eq!(
+        fs::read(at(&m, "after-enospc").join("big.bin")).unwrap(),
+        big
+    );
+}
+
+#[test]
+fn markers_in_a_tight_loop_each_capture_the_write_before_them() {
+    let m = seeded(&[]);
+    // Each iteration writes the counter, takes a checkpoint, then overwrites at once.
+    for i in 0..60 {
+        fs::write(m.mnt.join("counter"), format!("{i}\n")).unwrap();
+        fs::write(m.mnt.join("a.txt"), format!("a{i}\n")).unwrap();
+        checkpoint(&m, &format!("c{i}"));
+        fs::write(m.mnt.join("counter"), "garbage after the marker\n").unwrap();
+    }
+    for i in 0..60 {
+        let view = at(&m, &format!("c{i}"));
+        assert_eq!(
+            fs::read_to_string(view.join("counter")).unwrap(),
+            format!("{i}\n")
+        );
+        assert_eq!(
+            fs::read_to_string(view.join("a.txt")).unwrap(),
+            format!("a{i}\n")
+        );
+    }
+}
+
+#[test]
+fn a_large_file_rewritten_right_after_a_marker_is_captured_as_of_the_marker() {
+    let m = seeded(&[]);
+    let first: Vec<u8> = (0..32u32 << 20).map(|i| (i % 253) as u8).collect();
+    fs::write(m.mnt.join("big"), &first).unwrap();
+    checkpoint(&m, "m1");
+    // Rewrite it in place immediately (no truncate-and-create: same inode, same path).
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.mnt.join("big"))
+        .unwrap();
+    f.write_all(&vec![0xEE; 32 << 20]).unwrap();
+    drop(f);
+    assert_eq!(fs::read(at(&m, "m1").join("big")).unwrap(), first);
+    rewind(&m, "m1", &[]);
+    assert_eq!(fs::read(m.mnt.join("big")).unwrap(), first);
+}
+
+fn file_held_open_for_write_across_markers(args: &[&str]) {
+    let m = seeded(args);
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(m.mnt.join("log.txt"))
+        .unwrap();
+    let mut expected = String::new();
+    for i in 0..5 {
+        let line = format!("line {i}\n");
+        f.write_all(line.as_bytes()).unwrap();
+        expected.push_str(&line);
+        checkpoint(&m, &format!("k{i}"));
+    }
+    f.write_all(b"after the last marker\n").unwrap();
+    drop(f);
+    let mut want = String::new();
+    for i in 0..5 {
+        want.push_str(&format!("line {i}\n"));
+        assert_eq!(
+            fs::read_to_string(at(&m, &format!("k{i}")).join("log.txt")).unwrap(),
+            want,
+            "k{i}"
+        );
+    }
+    // The writes after the last marker are seen by the next one.
+    checkpoint(&m, "final");
+    assert!(
+        fs::read_to_string(at(&m, "final").join("log.txt"))
+            .unwrap()
+            .ends_with("after the last marker\n")
+    );
+}
+
+#[test]
+fn a_file_held_open_for_write_across_markers_is_captured_at_each_one() {
+    file_held_open_for_write_across_markers(&[]);
+}
+
+#[test]
+fn a_file_held_open_across_markers_without_passthrough() {
+    file_held_open_for_write_across_markers(&["--no-passthrough"]);
+}
+
+#[test]
+fn excluded_paths_pass_through_untracked_and_rewind_leaves_them_alone() {
+    let mut m = TestMount::unmounted(&["--exclude", "target", "--exclude", "*.log"]);
+    seed(&m.src);
+    m.mount();
+    checkpoint(&m, "m1");
+    sh(
+        &m,
+        "mkdir -p target/debug && echo bin > target/debug/app && echo l > x.log && echo t > a.txt",
+    );
+    rewind(&m, "m1", &[]);
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("a.txt")).unwrap(),
+        "alpha\nbeta\n"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("target/debug/app")).unwrap(),
+        "bin\n"
+    );
+    assert_eq!(fs::read_to_string(m.mnt.join("x.log")).unwrap(), "l\n");
+    let out = cli(&[
+        "status",
+        m.mnt.to_str().unwrap(),
+        "--path",
+        "target/debug/app",
+    ]);
+    assert!(stdout(&out).contains("excluded"), "{}", stdout(&out));
+    let journal = fs::read_to_string(m.state.join("transcript.jsonl")).unwrap();
+    assert!(
+        !journal.contains("target/debug/app") && !journal.contains("x.log"),
+        "{journal}"
+    );
+}
+
+#[test]
+fn identical_content_is_stored_once() {
+    let m = seeded(&[]);
+    let data = vec![7u8; 1 << 20];
+    for i in 0..5 {
+        fs::write(m.src.join(format!("same{i}")), &data).unwrap();
+    }
+    // Files present before the mount are backed up on their first change.
+    for i in 0..5 {
+        fs::write(m.mnt.join(format!("same{i}")), b"changed").unwrap();
+    }
+    let big_objects = fs::read_dir(m.state.join("backups"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().metadata().unwrap().len() == 1 << 20)
+        .count();
+    assert_eq!(big_objects, 1);
+}
