@@ -1,0 +1,187 @@
+//! The daemon's control socket, `STATE/control.sock`: how the CLI asks a running mount to
+//! take a checkpoint, flush its transcript or rewind.
+//!
+//! Protocol: one JSON request per connection, one JSON response, then the connection closes.
+//! Only root and the mount's owner may connect (the socket is mode 0600 in a 0700 dir).
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use log::{debug, warn};
+use serde::{Deserialize, Serialize};
+
+use crate::daemon::DaemonConfig;
+use crate::fs::PassthroughFs;
+
+pub const SOCKET_NAME: &str = "control.sock";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    Checkpoint {
+        id: String,
+    },
+    Flush,
+    Rewind {
+        id: String,
+        dry_run: bool,
+        paths: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Response {
+    pub ok: bool,
+    /// Human-readable output for the CLI to print.
+    #[serde(default)]
+    pub output: String,
+    #[serde(default)]
+    pub error: String,
+    /// The errno behind `error`, when there is one.
+    #[serde(default)]
+    pub errno: Option<i32>,
+}
+
+impl Response {
+    fn ok(output: String) -> Response {
+        Response {
+            ok: true,
+            output,
+            ..Default::default()
+        }
+    }
+
+    fn err(e: &io::Error) -> Response {
+        Response {
+            ok: false,
+            error: e.to_string(),
+            errno: e.raw_os_error(),
+            ..Default::default()
+        }
+    }
+}
+
+pub struct ControlServer {
+    path: PathBuf,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Stops accepting requests and removes the socket.
+    pub fn stop(mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        // Wake the accept loop with a throwaway connection.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<ControlServer> {
+    let path = cfg.state_dir.join(SOCKET_NAME);
+    // A socket left by a crashed daemon: nobody listens on it any more.
+    if path.exists() && UnixStream::connect(&path).is_err() {
+        std::fs::remove_file(&path)?;
+    }
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stop = stopping.clone();
+    let thread = std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match conn {
+                    Ok(stream) => {
+                        // Rewinds take a while and do their work through the mount; serve
+                        // each connection on its own thread so a slow one blocks nothing.
+                        let fs = fs.clone();
+                        let spawned = std::thread::Builder::new()
+                            .name("control-conn".into())
+                            .spawn(move || {
+                                if let Err(e) = serve_connection(&fs, stream) {
+                                    debug!("control connection: {e}");
+                                }
+                            });
+                        if let Err(e) = spawned {
+                            warn!("control: cannot start a thread: {e}");
+                        }
+                    }
+                    Err(e) => warn!("control socket accept: {e}"),
+                }
+            }
+        })?;
+    Ok(ControlServer {
+        path,
+        stopping,
+        thread: Some(thread),
+    })
+}
+
+fn serve_connection(fs: &PassthroughFs, stream: UnixStream) -> io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Ok(req) => handle(fs, req),
+        Err(e) => Response {
+            ok: false,
+            error: format!("bad control request: {e}"),
+            ..Default::default()
+        },
+    };
+    let mut out = serde_json::to_vec(&response)?;
+    out.push(b'\n');
+    (&stream).write_all(&out)
+}
+
+fn handle(fs: &PassthroughFs, req: Request) -> Response {
+    let result = match req {
+        Request::Checkpoint { id } => match crate::ids::validate_id(id.as_bytes()) {
+            Err(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
+            Ok(id) => fs.checkpoint(id).map(|()| format!("checkpoint {id}\n")),
+        },
+        Request::Flush => fs.history().flush().map(|()| String::new()),
+        Request::Rewind { id, dry_run, paths } => {
+            crate::history::rewind::rewind(fs, &id, dry_run, &paths)
+        }
+    };
+    match result {
+        Ok(out) => Response::ok(out),
+        Err(e) => Response::err(&e),
+    }
+}
+
+/// Sends one request to the daemon whose state dir is `state_dir`.
+pub fn request(state_dir: &Path, req: &Request) -> io::Result<Response> {
+    let path = state_dir.join(SOCKET_NAME);
+    let stream = UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot reach the checkpointfs daemon at {}: {e} (is the directory mounted?)",
+                path.display()
+            ),
+        )
+    })?;
+    let mut msg = serde_json::to_vec(req)?;
+    msg.push(b'\n');
+    (&stream).write_all(&msg)?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad response from the daemon: {e}"),
+        )
+    })
+}

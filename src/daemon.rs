@@ -13,3 +13,157 @@ pub struct DaemonConfig {
     pub allow_other: bool,
     pub excludes: Vec<String>,
 }
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use log::{info, warn};
+
+use crate::fs::{CONTROL_DIR_NAME, FsConfig, PassthroughFs};
+use crate::fuse_adapter::FuseAdapter;
+use crate::history::{HistoryConfig, open_history};
+
+/// Mounts `cfg.source` at `cfg.mountpoint` and serves until the mount is unmounted from
+/// outside (`umount MNT`) or SIGINT/SIGTERM arrives; then flushes history and transcript.
+/// Calls `on_ready` exactly once, after the mount is live. Creates threads: call it only
+/// after any fork.
+pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Result<()> {
+    // Signals go to one thread that turns them into an unmount; block them everywhere else
+    // (the mask is inherited by every thread spawned from here on).
+    let signals = block_termination_signals()?;
+
+    let root = open_dir_path(&cfg.source)?;
+    if cfg
+        .source
+        .join(OsStr(CONTROL_DIR_NAME))
+        .symlink_metadata()
+        .is_ok()
+    {
+        warn!(
+            "{}/.checkpoint exists in the source; it is hidden under the mount by the control directory",
+            cfg.source.display()
+        );
+    }
+    let history = open_history(HistoryConfig {
+        source: cfg.source.clone(),
+        state_dir: cfg.state_dir.clone(),
+        excludes: cfg.excludes.clone(),
+    })?;
+    let copier = {
+        let h = history.clone();
+        std::thread::Builder::new()
+            .name("copier".into())
+            .spawn(move || h.run_copier())?
+    };
+    let fs = Arc::new(PassthroughFs::new(
+        root,
+        history.clone(),
+        FsConfig {
+            passthrough: cfg.passthrough,
+            state_dir: cfg.state_dir.clone(),
+        },
+    )?);
+    let control = crate::control::start_server(fs.clone(), &cfg)?;
+
+    let mut options = Config::default();
+    options.mount_options = vec![
+        MountOption::FSName(cfg.source.to_string_lossy().into_owned()),
+        MountOption::Subtype("checkpointfs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if cfg.allow_other {
+        options.acl = SessionACL::All;
+    }
+    options.n_threads = Some(cfg.threads.max(1));
+    options.clone_fd = true;
+
+    let mut session = Session::new(FuseAdapter::new(fs.clone()), &cfg.mountpoint, &options)?;
+    info!(
+        "mounted {} at {} (state {}, {} threads)",
+        cfg.source.display(),
+        cfg.mountpoint.display(),
+        cfg.state_dir.display(),
+        cfg.threads
+    );
+    let mountpoint = cfg.mountpoint.clone();
+    let _unmounter = session.unmount_callable();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || wait_for_signal_then_unmount(signals, &mountpoint))?;
+    on_ready();
+
+    let served = session.run();
+    info!("unmounted; flushing history");
+    control.stop();
+    history.shutdown()?;
+    if copier.join().is_err() {
+        warn!("the background copier panicked; pending copies are redone at the next mount");
+    }
+    history.shutdown()?;
+    served
+}
+
+#[allow(non_snake_case)]
+fn OsStr(b: &[u8]) -> &std::ffi::OsStr {
+    std::ffi::OsStr::from_bytes(b)
+}
+
+fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C string; the fd is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn block_termination_signals() -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset manipulation on a local, then pthread_sigmask on the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(set)
+    }
+}
+
+/// Lazily unmounts on the first termination signal: the session loop then ends on its own
+/// and `serve` flushes everything, exactly as after an external `umount`.
+fn wait_for_signal_then_unmount(set: libc::sigset_t, mountpoint: &std::path::Path) {
+    let mut sig = 0;
+    // SAFETY: `set` is a valid signal set; sig is writable.
+    let rc = unsafe { libc::sigwait(&set, &mut sig) };
+    if rc != 0 {
+        warn!("sigwait failed: {}", io::Error::from_raw_os_error(rc));
+        return;
+    }
+    info!("signal {sig}: unmounting {}", mountpoint.display());
+    let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        warn!(
+            "unmounting {} after signal {sig} failed: {}",
+            mountpoint.display(),
+            io::Error::last_os_error()
+        );
+    }
+}

@@ -1,1 +1,1000 @@
-//! The passthrough core.
+//! The passthrough core: every FUSE operation as a plain method returning `io::Result`.
+//!
+//! The core knows nothing about the FUSE wire protocol (that is [`crate::fuse_adapter`]);
+//! it maps FUSE inode numbers and handles to fds on SRC ([`inodes`], [`handles`]), sends
+//! every change through the [`gate`], and serves the virtual `.checkpoint/` tree ([`virt`]).
+//!
+//! Caching contract: entries and attributes are given long timeouts (a day, as libfuse's
+//! passthrough_hp does) because every change to SRC is expected to go through this mount —
+//! rewinds included. Changing SRC behind the mount's back is unsupported (see README).
+pub mod gate;
+pub mod handles;
+pub mod inodes;
+pub mod sys;
+pub mod virt;
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{BackingId, FileAttr, FileType, INodeNo, TimeOrNow};
+use log::{info, warn};
+
+use self::gate::{Change, Gate, mutate};
+use self::handles::{DirHandle, FileHandle, Handle, HandleTable};
+use self::inodes::{Inode, InodeTable, ROOT_INO};
+use self::sys::{FsCredsGuard, with_name};
+use crate::history::{Caller, History};
+
+/// Name of the virtual control directory at the mount root.
+pub const CONTROL_DIR_NAME: &[u8] = b".checkpoint";
+
+/// Timeout for entries and attributes of real files (see the module docs).
+pub const TTL: Duration = Duration::from_secs(86400);
+
+pub struct FsConfig {
+    pub passthrough: bool,
+    pub state_dir: std::path::PathBuf,
+}
+
+/// A looked-up entry: the kernel adds one lookup for every `Entry` it receives.
+pub struct Entry {
+    pub attr: FileAttr,
+    pub ttl: Duration,
+}
+
+/// An opened file: `backing` is set when kernel passthrough serves its IO.
+pub struct Opened {
+    pub fh: u64,
+    pub backing: Option<Arc<BackingId>>,
+    pub direct_io: bool,
+    pub keep_cache: bool,
+}
+
+/// What a setattr request asks for (the core's own view of it, not fuser's).
+#[derive(Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeOrNow>,
+    pub mtime: Option<TimeOrNow>,
+    pub fh: Option<u64>,
+}
+
+pub struct DirEntryOut<'a> {
+    pub ino: u64,
+    pub offset: i64,
+    pub kind: FileType,
+    pub name: &'a [u8],
+}
+
+pub struct PassthroughFs {
+    inodes: InodeTable,
+    handles: HandleTable,
+    gate: Gate,
+    virt: virt::VirtualTree,
+    passthrough: AtomicBool,
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+impl PassthroughFs {
+    pub fn new(root: OwnedFd, history: Arc<History>, cfg: FsConfig) -> io::Result<PassthroughFs> {
+        let src_prefix = history.source().as_os_str().as_bytes().to_vec();
+        let src_prefix = if src_prefix == b"/" {
+            Vec::new()
+        } else {
+            src_prefix
+        };
+        Ok(PassthroughFs {
+            inodes: InodeTable::new(root)?,
+            handles: HandleTable::default(),
+            gate: Gate::new(history, src_prefix),
+            virt: virt::VirtualTree::new(cfg.state_dir),
+            passthrough: AtomicBool::new(cfg.passthrough),
+        })
+    }
+
+    pub fn history(&self) -> &Arc<History> {
+        self.gate.history()
+    }
+
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// Kernel passthrough could not be set up: serve IO in the daemon from now on.
+    pub fn disable_passthrough(&self, why: &str) {
+        if self.passthrough.swap(false, Ordering::Relaxed) {
+            warn!("kernel passthrough disabled: {why}; serving IO in the daemon");
+        }
+    }
+
+    pub fn passthrough_enabled(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    fn inode(&self, ino: u64) -> io::Result<Arc<Inode>> {
+        // An unknown inode is a kernel/daemon disagreement, not a reason to die.
+        self.inodes.get(ino).ok_or_else(|| errno(libc::ESTALE))
+    }
+
+    fn file_handle(&self, fh: u64) -> io::Result<Arc<Handle>> {
+        self.handles.get(fh).ok_or_else(|| errno(libc::EBADF))
+    }
+
+    /// Rejects changes to the `.checkpoint` name at the root: it belongs to the mount.
+    fn refuse_control_name(parent: &Inode, name: &OsStr) -> io::Result<()> {
+        if parent.ino == ROOT_INO && name.as_bytes() == CONTROL_DIR_NAME {
+            return Err(errno(libc::EPERM));
+        }
+        Ok(())
+    }
+
+    // ---- lookup / forget / attributes -------------------------------------------------
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> io::Result<Entry> {
+        if virt::is_virtual(parent) {
+            return self.virt.lookup(self, parent, name);
+        }
+        if parent == ROOT_INO && name.as_bytes() == CONTROL_DIR_NAME {
+            return self.virt.control_dir_entry();
+        }
+        let parent = self.inode(parent)?;
+        self.lookup_in(&parent, name)
+    }
+
+    fn lookup_in(&self, parent: &Inode, name: &OsStr) -> io::Result<Entry> {
+        with_name(name, |c| {
+            let st = sys::fstatat(parent.fd.as_fd(), c, libc::AT_SYMLINK_NOFOLLOW)?;
+            if let Some(inode) = self.inodes.lookup_known(inodes::ObjectKey::of(&st)) {
+                return Ok(self.entry(&inode, &st));
+            }
+            let fd = sys::openat(parent.fd.as_fd(), c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+            // Stat the fd itself: the name may have been replaced since the fstatat.
+            let st = sys::fstat(fd.as_fd())?;
+            let inode = self.inodes.lookup_or_insert(fd, &st);
+            Ok(self.entry(&inode, &st))
+        })
+    }
+
+    /// Registers an object we just created through `fd` (any fd on it).
+    fn adopt_created(&self, fd: BorrowedFd<'_>) -> io::Result<Entry> {
+        let st = sys::fstat(fd)?;
+        if let Some(inode) = self.inodes.lookup_known(inodes::ObjectKey::of(&st)) {
+            return Ok(self.entry(&inode, &st));
+        }
+        let path_fd = sys::proc_reopen(fd.as_raw_fd(), libc::O_PATH)?;
+        let inode = self.inodes.lookup_or_insert(path_fd, &st);
+        Ok(self.entry(&inode, &st))
+    }
+
+    fn entry(&self, inode: &Inode, st: &libc::stat) -> Entry {
+        Entry {
+            attr: attr_from_stat(inode.ino, st),
+            ttl: TTL,
+        }
+    }
+
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        if virt::is_virtual(ino) {
+            self.virt.forget(ino, nlookup);
+        } else {
+            self.inodes.forget(ino, nlookup);
+        }
+    }
+
+    pub fn getattr(&self, ino: u64, fh: Option<u64>) -> io::Result<(FileAttr, Duration)> {
+        if virt::is_virtual(ino) {
+            return self.virt.getattr(self, ino);
+        }
+        let inode = self.inode(ino)?;
+        let st = match fh.and_then(|fh| self.handles.get(fh)) {
+            Some(h) => match &*h {
+                Handle::File(f) => sys::fstat(f.fd.as_fd())?,
+                Handle::Dir(_) => sys::fstat(inode.fd.as_fd())?,
+            },
+            None => sys::fstat(inode.fd.as_fd())?,
+        };
+        Ok((attr_from_stat(ino, &st), TTL))
+    }
+
+    pub fn setattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        set: SetAttr,
+    ) -> io::Result<(FileAttr, Duration)> {
+        if virt::is_virtual(ino) {
+            return self.virt.setattr(ino, set);
+        }
+        let inode = self.inode(ino)?;
+        let handle = match set.fh {
+            Some(fh) => Some(self.file_handle(fh)?),
+            None => None,
+        };
+        let handle_fd = match handle.as_deref() {
+            Some(Handle::File(f)) => Some(f),
+            _ => None,
+        };
+        let permit = self.gate.permit(caller, Change::Object(&inode))?;
+        if let Some(mode) = set.mode {
+            match handle_fd {
+                Some(f) => mutate::fchmod(&permit, f.fd.as_fd(), mode)?,
+                None => mutate::chmod(&permit, inode.fd.as_raw_fd(), mode)?,
+            }
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            let uid = set.uid.unwrap_or(u32::MAX);
+            let gid = set.gid.unwrap_or(u32::MAX);
+            mutate::chown(&permit, inode.fd.as_fd(), uid, gid)?;
+        }
+        if let Some(size) = set.size {
+            match handle_fd {
+                Some(f) if f.writable => mutate::ftruncate(&permit, f.fd.as_fd(), size)?,
+                _ => {
+                    if !inode.is_regular() {
+                        return Err(errno(if inode.is_dir() {
+                            libc::EISDIR
+                        } else {
+                            libc::EINVAL
+                        }));
+                    }
+                    let fd = mutate::reopen(&permit, inode.fd.as_raw_fd(), libc::O_WRONLY)?;
+                    mutate::ftruncate(&permit, fd.as_fd(), size)?;
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let times = [timespec_of(set.atime), timespec_of(set.mtime)];
+            match handle_fd {
+                Some(f) => mutate::futimens(&permit, f.fd.as_fd(), &times)?,
+                None => mutate::utimens(&permit, inode.fd.as_raw_fd(), &times)?,
+            }
+        }
+        drop(permit);
+        let st = sys::fstat(inode.fd.as_fd())?;
+        Ok((attr_from_stat(ino, &st), TTL))
+    }
+
+    pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
+        if virt::is_virtual(ino) {
+            return self.virt.readlink(self, ino);
+        }
+        let inode = self.inode(ino)?;
+        sys::readlinkat(inode.fd.as_fd(), sys::EMPTY)
+    }
+
+    // ---- namespace changes ---------------------------------------------------------------
+
+    fn real_parent(&self, parent: u64) -> io::Result<Arc<Inode>> {
+        if virt::is_virtual(parent) {
+            return Err(errno(libc::EROFS));
+        }
+        self.inode(parent)
+    }
+
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+    ) -> io::Result<Entry> {
+        let parent = self.real_parent(parent)?;
+        Self::refuse_control_name(&parent, name)?;
+        with_name(name, |c| {
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
+            {
+                let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
+                mutate::mknodat(&permit, parent.fd.as_fd(), c, mode, u64::from(rdev))?;
+            }
+            drop(permit);
+            self.lookup_in(&parent, name)
+        })
+    }
+
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+    ) -> io::Result<Entry> {
+        let parent = self.real_parent(parent)?;
+        Self::refuse_control_name(&parent, name)?;
+        with_name(name, |c| {
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
+            {
+                let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
+                mutate::mkdirat(&permit, parent.fd.as_fd(), c, mode)?;
+            }
+            drop(permit);
+            self.lookup_in(&parent, name)
+        })
+    }
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        target: &std::path::Path,
+    ) -> io::Result<Entry> {
+        let parent = self.real_parent(parent)?;
+        Self::refuse_control_name(&parent, name)?;
+        let target = std::ffi::CString::new(target.as_os_str().as_bytes())
+            .map_err(|_| errno(libc::EINVAL))?;
+        with_name(name, |c| {
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
+            {
+                let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
+                mutate::symlinkat(&permit, &target, parent.fd.as_fd(), c)?;
+            }
+            drop(permit);
+            self.lookup_in(&parent, name)
+        })
+    }
+
+    pub fn link(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> io::Result<Entry> {
+        if virt::is_virtual(ino) {
+            return Err(errno(libc::EROFS));
+        }
+        let inode = self.inode(ino)?;
+        let new_parent = self.real_parent(new_parent)?;
+        Self::refuse_control_name(&new_parent, new_name)?;
+        with_name(new_name, |c| {
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &new_parent,
+                    name: new_name,
+                },
+            )?;
+            mutate::linkat(&permit, inode.fd.as_raw_fd(), new_parent.fd.as_fd(), c)?;
+            drop(permit);
+            self.lookup_in(&new_parent, new_name)
+        })
+    }
+
+    pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr) -> io::Result<()> {
+        self.remove(caller, parent, name, 0)
+    }
+
+    pub fn rmdir(&self, caller: &Caller, parent: u64, name: &OsStr) -> io::Result<()> {
+        self.remove(caller, parent, name, libc::AT_REMOVEDIR)
+    }
+
+    fn remove(&self, caller: &Caller, parent: u64, name: &OsStr, flags: i32) -> io::Result<()> {
+        let parent = self.real_parent(parent)?;
+        Self::refuse_control_name(&parent, name)?;
+        with_name(name, |c| {
+            let permit = self.gate.permit(
+                caller,
+                Change::Entry {
+                    parent: &parent,
+                    name,
+                },
+            )?;
+            mutate::unlinkat(&permit, parent.fd.as_fd(), c, flags)
+        })
+    }
+
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        let parent = self.real_parent(parent)?;
+        let new_parent = self.real_parent(new_parent)?;
+        Self::refuse_control_name(&parent, name)?;
+        Self::refuse_control_name(&new_parent, new_name)?;
+        with_name(name, |from| {
+            with_name(new_name, |to| {
+                let permit = self.gate.permit(
+                    caller,
+                    Change::Rename {
+                        parent: &parent,
+                        name,
+                        new_parent: &new_parent,
+                        new_name,
+                        exchange: flags & libc::RENAME_EXCHANGE != 0,
+                    },
+                )?;
+                mutate::renameat2(
+                    &permit,
+                    parent.fd.as_fd(),
+                    from,
+                    new_parent.fd.as_fd(),
+                    to,
+                    flags,
+                )
+            })
+        })
+    }
+
+    // ---- files ----------------------------------------------------------------------------
+
+    /// Flags for our own fd: O_CREAT/O_EXCL were handled by the kernel or `create`; O_DIRECT
+    /// is left to the kernel (it would make our unaligned buffers fail) and signalled with
+    /// FOPEN_DIRECT_IO instead.
+    fn own_flags(flags: i32) -> i32 {
+        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)
+    }
+
+    fn can_write(flags: i32) -> bool {
+        flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
+    }
+
+    pub fn open(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        flags: i32,
+        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+    ) -> io::Result<Opened> {
+        if virt::is_virtual(ino) {
+            return self.virt.open(self, ino, flags);
+        }
+        let inode = self.inode(ino)?;
+        let own = Self::own_flags(flags);
+        let writable = Self::can_write(flags);
+        let fd = if writable {
+            let permit = self.gate.permit(caller, Change::Object(&inode))?;
+            mutate::reopen(&permit, inode.fd.as_raw_fd(), own)?
+        } else {
+            sys::reopen_readonly_like(inode.fd.as_raw_fd(), own)?
+        };
+        self.finish_open(inode, fd, flags, writable, make_backing)
+    }
+
+    fn finish_open(
+        &self,
+        inode: Arc<Inode>,
+        fd: OwnedFd,
+        flags: i32,
+        writable: bool,
+        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+    ) -> io::Result<Opened> {
+        let backing = if inode.is_regular() && self.passthrough_enabled() {
+            self.backing_for(&inode, fd.as_fd(), make_backing)
+        } else {
+            None
+        };
+        let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
+        let keep_cache = backing.is_none();
+        let fh = self.handles.insert(Handle::File(FileHandle {
+            fd,
+            inode,
+            writable,
+            backing: backing.clone(),
+        }));
+        Ok(Opened {
+            fh,
+            backing,
+            direct_io,
+            keep_cache,
+        })
+    }
+
+    /// The inode's backing id, registering `fd` as the backing file if it has none.
+    fn backing_for(
+        &self,
+        inode: &Inode,
+        fd: BorrowedFd<'_>,
+        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
+        let mut slot = inode.backing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = slot.upgrade() {
+            return Some(existing);
+        }
+        match make_backing(fd) {
+            Ok(id) => {
+                let id = Arc::new(id);
+                *slot = Arc::downgrade(&id);
+                Some(id)
+            }
+            Err(e) => {
+                self.disable_passthrough(&format!("FUSE_DEV_IOC_BACKING_OPEN failed: {e}"));
+                None
+            }
+        }
+    }
+
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+    ) -> io::Result<(Entry, Opened)> {
+        let parent = self.real_parent(parent)?;
+        Self::refuse_control_name(&parent, name)?;
+        with_name(name, |c| {
+            let own =
+                Self::own_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL) | libc::O_NOFOLLOW;
+            let fd = {
+                let permit = self.gate.permit(
+                    caller,
+                    Change::Entry {
+                        parent: &parent,
+                        name,
+                    },
+                )?;
+                let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
+                mutate::openat(&permit, parent.fd.as_fd(), c, own, mode)?
+            };
+            let entry = self.adopt_created(fd.as_fd())?;
+            let inode = self.inode(entry.attr.ino.0)?;
+            let opened = self.finish_open(inode, fd, flags, true, make_backing)?;
+            Ok((entry, opened))
+        })
+    }
+
+    pub fn read(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        if virt::is_virtual(ino) {
+            return self.virt.read(self, ino, fh, offset, size, out);
+        }
+        let handle = self.file_handle(fh)?;
+        let Handle::File(f) = &*handle else {
+            return Err(errno(libc::EISDIR));
+        };
+        out.resize(size as usize, 0);
+        let mut filled = 0;
+        while filled < out.len() {
+            let n = sys::pread(f.fd.as_fd(), &mut out[filled..], offset + filled as u64)?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        out.truncate(filled);
+        Ok(())
+    }
+
+    pub fn write(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> io::Result<u32> {
+        if virt::is_virtual(ino) {
+            return self.virt.write(self, caller, ino, data);
+        }
+        let handle = self.file_handle(fh)?;
+        let Handle::File(f) = &*handle else {
+            return Err(errno(libc::EISDIR));
+        };
+        let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
+        let mut written = 0;
+        while written < data.len() {
+            let n = mutate::pwrite(
+                &permit,
+                f.fd.as_fd(),
+                &data[written..],
+                offset + written as u64,
+            )?;
+            if n == 0 {
+                break;
+            }
+            written += n;
+        }
+        Ok(written as u32)
+    }
+
+    pub fn flush(&self, _ino: u64, _fh: u64) -> io::Result<()> {
+        // Nothing buffered in the daemon; POSIX locks are handled by the kernel.
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) {
+        if virt::is_virtual_handle(fh) {
+            self.virt.release(fh);
+            return;
+        }
+        self.handles.remove(fh);
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> io::Result<()> {
+        if virt::is_virtual_handle(fh) {
+            return Ok(());
+        }
+        match &*self.file_handle(fh)? {
+            Handle::File(f) => sys::fsync(f.fd.as_fd(), datasync),
+            Handle::Dir(d) => {
+                let stream = d.stream.lock().unwrap_or_else(|p| p.into_inner());
+                // SAFETY: the stream's fd stays open while we hold the lock.
+                sys::fsync(unsafe { BorrowedFd::borrow_raw(stream.fd()) }, datasync)
+            }
+        }
+    }
+
+    pub fn fallocate(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> io::Result<()> {
+        let handle = self.file_handle(fh)?;
+        let Handle::File(f) = &*handle else {
+            return Err(errno(libc::EISDIR));
+        };
+        let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
+        mutate::fallocate(&permit, f.fd.as_fd(), mode, offset, length)
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
+        let handle = self.file_handle(fh)?;
+        let Handle::File(f) = &*handle else {
+            return Err(errno(libc::EISDIR));
+        };
+        sys::lseek(f.fd.as_fd(), offset, whence)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        caller: &Caller,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+        flags: u32,
+    ) -> io::Result<u32> {
+        let h_in = self.file_handle(fh_in)?;
+        let h_out = self.file_handle(fh_out)?;
+        let (Handle::File(fin), Handle::File(fout)) = (&*h_in, &*h_out) else {
+            return Err(errno(libc::EISDIR));
+        };
+        let permit = self
+            .gate
+            .permit(caller, Change::WriteThrough(&fout.inode))?;
+        // The reply carries a u32 count; ask for no more than fits.
+        let len = len.min(u64::from(!0xfffu32));
+        let n = mutate::copy_file_range(
+            &permit,
+            fin.fd.as_fd(),
+            offset_in,
+            fout.fd.as_fd(),
+            offset_out,
+            len,
+            flags,
+        )?;
+        Ok(n as u32)
+    }
+
+    // ---- directories ------------------------------------------------------------------------
+
+    pub fn opendir(&self, ino: u64) -> io::Result<u64> {
+        if virt::is_virtual(ino) {
+            return self.virt.opendir(self, ino);
+        }
+        let inode = self.inode(ino)?;
+        let stream = sys::DirStream::open(inode.fd.as_fd())?;
+        Ok(self.handles.insert(Handle::Dir(DirHandle {
+            inode,
+            stream: std::sync::Mutex::new(stream),
+        })))
+    }
+
+    /// Lists entries after `offset`. `emit` returns `true` when the reply is full; the entry
+    /// it was given was then *not* sent.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        emit: &mut dyn FnMut(DirEntryOut<'_>) -> bool,
+    ) -> io::Result<()> {
+        if virt::is_virtual(ino) {
+            return self.virt.readdir(self, ino, fh, offset, &mut |e| emit(e));
+        }
+        let handle = self.file_handle(fh)?;
+        let Handle::Dir(d) = &*handle else {
+            return Err(errno(libc::ENOTDIR));
+        };
+        let hide_control = d.inode.ino == ROOT_INO;
+        let mut stream = d.stream.lock().unwrap_or_else(|p| p.into_inner());
+        stream.seek(offset);
+        while let Some(e) = stream.next_entry()? {
+            if hide_control && e.name == CONTROL_DIR_NAME {
+                continue;
+            }
+            let out = DirEntryOut {
+                ino: e.ino,
+                offset: e.offset,
+                kind: kind_from_dtype(e.d_type),
+                name: e.name,
+            };
+            if emit(out) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Like `readdir`, with a lookup for every entry but `.` and `..`. `emit` gets the entry
+    /// (None for the dot entries) and returns `true` when full, in which case the lookup it
+    /// was given is undone.
+    pub fn readdirplus(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        emit: &mut dyn FnMut(DirEntryOut<'_>, Option<&Entry>) -> bool,
+    ) -> io::Result<()> {
+        if virt::is_virtual(ino) {
+            return self.virt.readdirplus(self, ino, fh, offset, emit);
+        }
+        let handle = self.file_handle(fh)?;
+        let Handle::Dir(d) = &*handle else {
+            return Err(errno(libc::ENOTDIR));
+        };
+        let hide_control = d.inode.ino == ROOT_INO;
+        let mut stream = d.stream.lock().unwrap_or_else(|p| p.into_inner());
+        stream.seek(offset);
+        while let Some(e) = stream.next_entry()? {
+            if hide_control && e.name == CONTROL_DIR_NAME {
+                continue;
+            }
+            let out = DirEntryOut {
+                ino: e.ino,
+                offset: e.offset,
+                kind: kind_from_dtype(e.d_type),
+                name: e.name,
+            };
+            if e.name == b"." || e.name == b".." {
+                if emit(out, None) {
+                    break;
+                }
+                continue;
+            }
+            let name = OsStr::from_bytes(e.name);
+            let entry = match self.lookup_in(&d.inode, name) {
+                Ok(entry) => entry,
+                // Raced with an unlink: skip it, as a later readdir would.
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(err) => return Err(err),
+            };
+            if emit(out, Some(&entry)) {
+                self.inodes.forget(entry.attr.ino.0, 1);
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.release(fh);
+    }
+
+    // ---- misc ------------------------------------------------------------------------------
+
+    pub fn statfs(&self) -> io::Result<libc::statvfs> {
+        let root = self.inode(ROOT_INO)?;
+        sys::fstatvfs(root.fd.as_fd())
+    }
+
+    pub fn access(&self, ino: u64, mask: i32) -> io::Result<()> {
+        if virt::is_virtual(ino) {
+            return self.virt.access(ino, mask);
+        }
+        let inode = self.inode(ino)?;
+        sys::with_proc_path(inode.fd.as_raw_fd(), |p| {
+            sys::faccessat(
+                // SAFETY: AT_FDCWD is a valid "fd" for *at calls.
+                unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
+                p,
+                mask,
+                libc::AT_EACCESS,
+            )
+        })
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &OsStr, buf: &mut [u8]) -> io::Result<usize> {
+        if virt::is_virtual(ino) {
+            return Err(errno(libc::ENODATA));
+        }
+        let inode = self.inode(ino)?;
+        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        sys::getxattr(inode.fd.as_raw_fd(), inode.is_symlink(), &name, buf)
+    }
+
+    pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if virt::is_virtual(ino) {
+            return Ok(0);
+        }
+        let inode = self.inode(ino)?;
+        sys::listxattr(inode.fd.as_raw_fd(), inode.is_symlink(), buf)
+    }
+
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> io::Result<()> {
+        if virt::is_virtual(ino) {
+            return Err(errno(libc::EROFS));
+        }
+        let inode = self.inode(ino)?;
+        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        let permit = self.gate.permit(caller, Change::Object(&inode))?;
+        mutate::setxattr(
+            &permit,
+            inode.fd.as_raw_fd(),
+            inode.is_symlink(),
+            &name,
+            value,
+            flags,
+        )
+    }
+
+    pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> io::Result<()> {
+        if virt::is_virtual(ino) {
+            return Err(errno(libc::EROFS));
+        }
+        let inode = self.inode(ino)?;
+        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        let permit = self.gate.permit(caller, Change::Object(&inode))?;
+        mutate::removexattr(&permit, inode.fd.as_raw_fd(), inode.is_symlink(), &name)
+    }
+
+    /// Paths (relative to the mount root) of files currently open for writing: a
+    /// checkpoint must copy these at once, since their data can change at any moment.
+    pub fn paths_open_for_write(&self) -> Vec<Vec<u8>> {
+        self.handles
+            .writable_inodes()
+            .iter()
+            .filter_map(|inode| self.gate.rel_path_of(inode).ok().flatten())
+            .collect()
+    }
+
+    /// Takes checkpoint `id` (Layer 2): excludes every mutation while the history records
+    /// the consistent state, then lets background copying finish the rest.
+    pub fn checkpoint(&self, id: &str) -> io::Result<()> {
+        self.gate.exclusive(|| {
+            let open_for_write = self.paths_open_for_write();
+            self.history().make_checkpoint(id, &open_for_write)
+        })?;
+        info!("checkpoint {id}");
+        Ok(())
+    }
+}
+
+pub fn attr_from_stat(ino: u64, st: &libc::stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: system_time(st.st_atime, st.st_atime_nsec),
+        mtime: system_time(st.st_mtime, st.st_mtime_nsec),
+        ctime: system_time(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind: kind_from_mode(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+pub fn system_time(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs()) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+pub fn kind_from_mode(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_from_dtype(d_type: u8) -> FileType {
+    match d_type {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn timespec_of(t: Option<TimeOrNow>) -> libc::timespec {
+    match t {
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        Some(TimeOrNow::Now) => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => libc::timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: i64::from(d.subsec_nanos()),
+            },
+            Err(before) => {
+                let d = before.duration();
+                let mut sec = -(d.as_secs() as i64);
+                let mut nsec = i64::from(d.subsec_nanos());
+                if nsec > 0 {
+                    sec -= 1;
+                    nsec = 1_000_000_000 - nsec;
+                }
+                libc::timespec {
+                    tv_sec: sec,
+                    tv_nsec: nsec,
+                }
+            }
+        },
+    }
+}

@@ -1,2 +1,290 @@
-//! The file-history system: what changed, when, and how to get it back.
+//! The file-history system: Layer 1 (track), Layer 2 (snapshot), and what reads them back
+//! (views, log, diff, rewind).
+//!
+//! ## Model
+//! Every *tracked* path (one that was changed through the mount since the state dir was
+//! created) has a list of versions v1, v2, …. v1 is its pre-image, captured by Layer 1 before
+//! its first change. A later version v_i was created by checkpoint `c_i` and holds the path's
+//! state at that checkpoint. So the state of a path at checkpoint `k` is the last version
+//! with `c_i <= k`, or v1 when there is none; a path that is not tracked is unchanged since
+//! the mount and is read from SRC.
+//!
+//! ## Why a checkpoint is consistent without copying the tree
+//! Between two checkpoints, a path can only change through the gate. At a checkpoint, each
+//! path changed since the previous one (the *dirty* set, which the gate maintains) gets a new
+//! version:
+//! - files held open for writing are copied at once (their data can change at any moment,
+//!   without the daemon seeing it when the kernel serves IO by passthrough);
+//! - other files become *pending*: their content at the checkpoint is exactly their content
+//!   now and until their next change. A background copier fills them in, and the gate fills
+//!   one itself (copy-on-write) before letting a change to it proceed, whichever comes first;
+//! - directories, symlinks and absent paths are recorded at once (no data to copy).
+//!
+//! Checkpoints take the gate's epoch lock exclusively, so no mutation is between its backup
+//! and its syscall while the checkpoint is taken.
+//!
+//! ## Durability
+//! Layer 1 content is fsync'd in the store (data and directory) before the change proceeds,
+//! and its record is appended to the store's journal (fdatasync'd with it), because the
+//! transcript is written asynchronously by its own thread. Records without new content
+//! (absent paths, directories, "changed again" marks) are written to the journal before the
+//! change proceeds too, so they survive a crash of the daemon; they reach the disk with the
+//! next content backup, checkpoint or clean unmount (see docs/design.md).
+//!
+//! Lock order: `History::state` → (store, journal, transcript: leaf locks). Nothing holds
+//! `state` while copying file data: a path being copied is marked busy instead, and other
+//! threads wanting that path wait on `busy_cond`.
+pub mod rewind;
 pub mod store;
+mod track;
+mod view;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
+use std::time::SystemTime;
+
+use globset::GlobSet;
+
+use crate::transcript::journal::Journal;
+use crate::transcript::record::EntryMeta;
+use crate::transcript::writer::TranscriptWriter;
+use store::Store;
+
+pub use view::{ViewContent, ViewEntry};
+
+/// Who asked for a change (from the FUSE request header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    /// The daemon itself (replay fills, rewinds started from the CLI).
+    pub fn daemon() -> Caller {
+        Caller {
+            pid: std::process::id(),
+            uid: 0,
+            gid: 0,
+        }
+    }
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {} (uid {})", self.pid, self.uid)
+    }
+}
+
+/// One version of one path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Version {
+    /// The checkpoint (index) that created this version; `None` for v1, the pre-image.
+    pub since: Option<usize>,
+    pub state: VersionState,
+    pub time: SystemTime,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum VersionState {
+    /// Content still to be copied; the path is unchanged since the checkpoint that made it.
+    Pending,
+    Absent,
+    /// `object`: the store object with the content (files) or the target (symlinks).
+    Present {
+        meta: EntryMeta,
+        object: Option<String>,
+    },
+}
+
+#[derive(Debug, Default)]
+pub struct PathHistory {
+    pub versions: Vec<Version>,
+    /// Changed since the last checkpoint (or open for writing across it).
+    pub dirty: bool,
+}
+
+impl PathHistory {
+    /// The version number (1-based) holding the state at checkpoint `k`.
+    pub fn version_at(&self, k: usize) -> usize {
+        self.versions
+            .iter()
+            .rposition(|v| v.since.is_some_and(|c| c <= k))
+            .map_or(1, |i| i + 1)
+    }
+
+    fn latest_is_pending(&self) -> bool {
+        matches!(
+            self.versions.last().map(|v| &v.state),
+            Some(VersionState::Pending)
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub id: String,
+    pub time: SystemTime,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub paths: HashMap<String, PathHistory>,
+    /// parent path → names of its tracked children, for views of directories.
+    pub children: HashMap<String, BTreeSet<String>>,
+    pub checkpoints: Vec<Checkpoint>,
+    pub checkpoint_ids: HashMap<String, usize>,
+    pub next_seq: u64,
+    /// Paths whose content is being copied right now (by the gate or the copier).
+    pub busy: HashSet<String>,
+}
+
+impl State {
+    fn current_message(&self) -> Option<String> {
+        self.checkpoints.last().map(|c| c.id.clone())
+    }
+
+    fn track_child(&mut self, rel: &str) {
+        let (parent, name) = split_parent(rel);
+        self.children
+            .entry(parent.to_string())
+            .or_default()
+            .insert(name.to_string());
+    }
+}
+
+/// Splits `a/b/c` into (`a/b`, `c`); a top-level name has parent "" (the root).
+pub fn split_parent(rel: &str) -> (&str, &str) {
+    match rel.rfind('/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => ("", rel),
+    }
+}
+
+pub struct HistoryConfig {
+    pub source: PathBuf,
+    pub state_dir: PathBuf,
+    pub excludes: Vec<String>,
+}
+
+pub struct History {
+    source: PathBuf,
+    /// O_PATH fd on SRC: captures resolve paths beneath it without following symlinks.
+    source_fd: OwnedFd,
+    state_dir: PathBuf,
+    store: Store,
+    journal: std::sync::Arc<Journal>,
+    transcript: TranscriptWriter,
+    excludes: GlobSet,
+    exclude_patterns: Vec<String>,
+    state: Mutex<State>,
+    busy_cond: Condvar,
+    /// (path, version) pairs waiting for the background copier.
+    pending: Mutex<VecDeque<(String, u32)>>,
+    pending_cond: Condvar,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl History {
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn exclude_patterns(&self) -> &[String] {
+        &self.exclude_patterns
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `rel` is excluded from tracking by `--exclude`.
+    pub fn is_excluded(&self, rel: &str) -> bool {
+        !rel.is_empty() && self.excludes.is_match(rel)
+    }
+
+    pub fn checkpoint_ids(&self) -> Vec<String> {
+        self.lock()
+            .checkpoints
+            .iter()
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    pub fn checkpoint_index(&self, id: &str) -> Option<usize> {
+        self.lock().checkpoint_ids.get(id).copied()
+    }
+
+    pub fn checkpoints(&self) -> Vec<Checkpoint> {
+        self.lock().checkpoints.clone()
+    }
+
+    /// Blocks until the transcript holds everything recorded so far.
+    pub fn flush(&self) -> io::Result<()> {
+        self.transcript.flush().map(|_| ())
+    }
+
+    /// A copy of the per-path histories (for log/diff/status/rewind planning).
+    pub fn snapshot_paths(&self) -> BTreeMap<String, Vec<Version>> {
+        self.lock()
+            .paths
+            .iter()
+            .map(|(k, v)| (k.clone(), v.versions.clone()))
+            .collect()
+    }
+}
+
+/// Bytes of a path relative to the mount root as a tracking key; `None` for names that are
+/// not UTF-8 (they pass through untracked: the transcript is JSON).
+pub fn rel_key(rel: &[u8]) -> Option<&str> {
+    std::str::from_utf8(rel).ok()
+}
+
+pub use track::open_history;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn present() -> VersionState {
+        VersionState::Absent
+    }
+
+    #[test]
+    fn version_at_picks_the_last_version_made_at_or_before_the_checkpoint() {
+        let v = |since| Version {
+            since,
+            state: present(),
+            time: SystemTime::UNIX_EPOCH,
+        };
+        let h = PathHistory {
+            versions: vec![v(None), v(Some(2)), v(Some(5))],
+            dirty: false,
+        };
+        assert_eq!(h.version_at(0), 1);
+        assert_eq!(h.version_at(1), 1);
+        assert_eq!(h.version_at(2), 2);
+        assert_eq!(h.version_at(4), 2);
+        assert_eq!(h.version_at(5), 3);
+        assert_eq!(h.version_at(9), 3);
+    }
+
+    #[test]
+    fn split_parent_handles_top_level_and_nested() {
+        assert_eq!(split_parent("a"), ("", "a"));
+        assert_eq!(split_parent("a/b/c"), ("a/b", "c"));
+    }
+}

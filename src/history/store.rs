@@ -1,0 +1,1108 @@
+//! The content-addressed object store that holds pre-image backups (`STATE/backups/`).
+//!
+//! Every object is a plain file named by the lowercase hex SHA-256 of its content, stored flat
+//! as `DIR/<64 hex>`. Identical content is therefore stored once, and a name says everything
+//! needed to find and check an object.
+//!
+//! # Invariants
+//!
+//! 1. **A name always matches its content.** An object is never written in place: bytes go to
+//!    a private temp file in the same directory, the hash is taken of exactly the bytes that
+//!    landed there, and only then is the temp renamed onto `<hash>`. Objects are made read-only
+//!    (mode 0400) so nobody edits one by accident.
+//! 2. **A successful put is durable.** The temp's data (and mode) are fsynced *before* the
+//!    rename, so after a crash a visible `<hash>` is always complete; the directory is fsynced
+//!    *after* the rename, so the name itself survives a crash. The directory is fsynced even
+//!    when the object already existed, because it may have been renamed into place a moment ago
+//!    by another thread that has not yet fsynced the directory.
+//! 3. **A failed put leaves nothing behind and keeps its errno.** On any error the temp file is
+//!    unlinked and the original `io::Error` is returned unchanged (no wrapping), so an `ENOSPC`
+//!    reaches the FUSE caller as `ENOSPC`. The one exception is a failure of the final
+//!    directory fsync: the object is then complete and valid (see 1) and stays, but the put
+//!    still fails because its name is not known to be durable.
+//! 4. **Crash leftovers are cleaned, in-flight temps are not.** Temp files are named
+//!    `.tmp-<pid>-<counter>` and are held under `flock(LOCK_EX)` for their whole life.
+//!    [`Store::open`] removes only temps whose lock it can take, i.e. those whose writer is
+//!    gone. This keeps a second `Store` on the same directory (another process, e.g. a CLI
+//!    reading backups while the daemon runs, or another instance in this process) from
+//!    deleting a backup that is being written.
+//!
+//! Removal ([`Store::remove`]) is not coordinated with puts: a caller that garbage-collects
+//! objects must make sure nothing still refers to them (a put that reports `reused` relies on
+//! the existing object staying).
+
+use std::ffi::{CStr, CString};
+use std::fs::{DirBuilder, File, OpenOptions, Permissions};
+use std::io::{self, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+/// Size of the single copy/hash buffer used by one `put_file` call.
+const BUF_SIZE: usize = 1 << 20;
+/// Length of an object name: 32 bytes of SHA-256 as hex.
+pub const OBJECT_NAME_LEN: usize = 64;
+/// Prefix of temp files; object names are pure hex, so the two can never collide.
+const TEMP_PREFIX: &str = ".tmp-";
+/// Mode of a stored object: read-only, owner only (backups may hold private file content).
+const OBJECT_MODE: u32 = 0o400;
+/// Mode of a temp file while it is being written.
+const TEMP_MODE: libc::mode_t = 0o600;
+/// Mode of the store directory when `open` has to create it.
+const DIR_MODE: u32 = 0o700;
+/// How many temp names `create_temp` tries before giving up (each clash is an `EEXIST`).
+const TEMP_ATTEMPTS: u32 = 128;
+
+/// Process-wide, so two `Store`s on the same directory in one process never pick the same
+/// temp name (the pid part is the same for both).
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A content-addressed store in one directory. `Send + Sync`: puts from several threads may
+/// run at once.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    /// The store directory opened `O_DIRECTORY`: all object operations are relative to it
+    /// (`openat`, `renameat`, ...), and it is what gets fsynced to make names durable.
+    dir_fd: File,
+}
+
+/// The result of a put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    /// The object's name: lowercase hex SHA-256 of its content.
+    pub name: String,
+    /// Content length in bytes.
+    pub size: u64,
+    /// true when the object already existed (nothing new stored)
+    pub reused: bool,
+    /// how the copy was made
+    pub method: CopyMethod,
+}
+
+/// How the bytes of a put reached the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// `ioctl(FICLONE)`: the object shares extents with the source (btrfs, XFS).
+    Reflink,
+    /// The bytes were copied through userspace.
+    Copy,
+    /// An object with this content was already stored; nothing new was kept.
+    Existing,
+}
+
+/// Whether `name` is a well-formed object name: exactly 64 lowercase hex digits.
+pub fn is_object_name(name: &str) -> bool {
+    name.len() == OBJECT_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Store {
+    /// Opens (creating with mode 0700 if needed) the store at `dir`; removes leftover temp
+    /// files from a crash.
+    ///
+    /// Missing parent directories are created too (also 0700), and the parent of every
+    /// directory created here is fsynced so the store itself survives a crash. Temp files that
+    /// are still locked by a live writer are left alone (see the module docs).
+    pub fn open(dir: &Path) -> io::Result<Store> {
+        create_dir_durably(dir)?;
+        let dir_fd = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
+        let store = Store {
+            dir: dir.to_path_buf(),
+            dir_fd,
+        };
+        store.remove_stale_temps()?;
+        Ok(store)
+    }
+
+    /// Stores the whole content of `src` (read from offset 0 to EOF with pread; do not use or
+    /// move the fd's file offset).
+    ///
+    /// First tries a reflink (`FICLONE`), which shares extents instead of copying when `src`
+    /// and the store are on the same btrfs/XFS. The object is then hashed by reading the
+    /// *clone*, not `src`: the clone is a frozen snapshot, while `src` could change between
+    /// the clone and the read, and the name must match what was stored. Without a reflink the
+    /// bytes are copied with pread into one 1 MiB buffer that feeds the hash and the write in
+    /// the same pass, so the data is read once. A file that grows or shrinks meanwhile is
+    /// copied up to the EOF that pread sees; whatever was copied is what gets named and kept.
+    ///
+    /// `src` must be open for reading. Errors are returned with their raw errno.
+    pub fn put_file(&self, src: &File) -> io::Result<StoredObject> {
+        self.put_file_impl(src, true)
+    }
+
+    /// Stores `data`. Same atomicity and durability as [`Store::put_file`].
+    pub fn put_bytes(&self, data: &[u8]) -> io::Result<StoredObject> {
+        let temp = self.create_temp()?;
+        let mut hasher = Sha256::new();
+        hasher.update(data);
+        write_all(&temp.file, data)?;
+        self.commit(temp, hasher, data.len() as u64, CopyMethod::Copy)
+    }
+
+    /// Opens an object read-only. Rejects names that are not 64 lowercase hex with
+    /// `InvalidInput` (so a bad name can never reach outside the store directory).
+    pub fn open_object(&self, name: &str) -> io::Result<File> {
+        let cname = object_cname(name)?;
+        openat(
+            &self.dir_fd,
+            &cname,
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0,
+        )
+    }
+
+    /// Reads a whole object into memory.
+    pub fn read_object(&self, name: &str) -> io::Result<Vec<u8>> {
+        let mut file = self.open_object(name)?;
+        let len = file.metadata()?.len();
+        let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        file.read_to_end(&mut data)?;
+        Ok(data)
+    }
+
+    /// Re-hashes an object and reports whether its content still matches its name.
+    pub fn verify(&self, name: &str) -> io::Result<bool> {
+        let file = self.open_object(name)?;
+        let mut buf = vec![0u8; BUF_SIZE];
+        let (hasher, _) = hash_file(&file, &mut buf)?;
+        Ok(hex(&hasher.finalize()) == name)
+    }
+
+    /// The path an object with this name has (or would have). Does not check the name or
+    /// whether the object exists.
+    pub fn object_path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Whether a regular file with this object name exists. Invalid names are never contained.
+    pub fn contains(&self, name: &str) -> bool {
+        let Ok(cname) = object_cname(name) else {
+            return false;
+        };
+        matches!(stat_at(&self.dir_fd, &cname), Ok(Some(st)) if is_regular(&st))
+    }
+
+    /// Unlinks an object. Not fsynced: if the removal is lost in a crash the object simply
+    /// comes back, which is harmless for content-addressed data; call [`Store::sync`] to make
+    /// a batch of removals durable.
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        let cname = object_cname(name)?;
+        unlink_at(&self.dir_fd, &cname)
+    }
+
+    /// Lists object names, sorted. Temp files and any other files in the directory (wrong
+    /// names, non-regular files) are not objects and are skipped.
+    pub fn list(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if !is_object_name(&name) {
+                continue;
+            }
+            match entry.file_type() {
+                Ok(t) if t.is_file() => names.push(name),
+                Ok(_) => {}
+                // Removed between readdir and the type lookup.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        names.sort_unstable();
+        Ok(names)
+    }
+
+    /// Bytes of all objects (sum of `st_size`; objects removed meanwhile are skipped).
+    pub fn total_size(&self) -> io::Result<u64> {
+        let mut total = 0u64;
+        for name in self.list()? {
+            let cname = object_cname(&name)?;
+            if let Some(st) = stat_at(&self.dir_fd, &cname)? {
+                total += u64::try_from(st.st_size).unwrap_or(0);
+            }
+        }
+        Ok(total)
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Fsyncs the store directory (makes earlier [`Store::remove`]s durable).
+    pub fn sync(&self) -> io::Result<()> {
+        self.dir_fd.sync_all()
+    }
+
+    fn put_file_impl(&self, src: &File, try_reflink: bool) -> io::Result<StoredObject> {
+        let temp = self.create_temp()?;
+        let mut buf = vec![0u8; BUF_SIZE];
+        if try_reflink && reflink(src, &temp.file)? {
+            let (hasher, size) = hash_file(&temp.file, &mut buf)?;
+            return self.commit(temp, hasher, size, CopyMethod::Reflink);
+        }
+        let (hasher, size) = copy_and_hash(src, &temp.file, &mut buf)?;
+        self.commit(temp, hasher, size, CopyMethod::Copy)
+    }
+
+    /// Creates a fresh, locked temp file in the store directory.
+    fn create_temp(&self) -> io::Result<TempFile<'_>> {
+        let pid = std::process::id();
+        for _ in 0..TEMP_ATTEMPTS {
+            let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let name = CString::new(format!("{TEMP_PREFIX}{pid}-{n}"))
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+            let file = match openat(
+                &self.dir_fd,
+                &name,
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                TEMP_MODE,
+            ) {
+                Ok(file) => file,
+                // A leftover from an earlier process with the same pid: take the next name.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                Err(e) => return Err(e),
+            };
+            let mut temp = TempFile {
+                dir_fd: &self.dir_fd,
+                name,
+                file,
+                linked: true,
+            };
+            // The lock tells `remove_stale_temps` that this temp is alive. It is best effort:
+            // a filesystem without flock only loses that protection, not the backup.
+            if let Err(e) = flock(&temp.file, libc::LOCK_EX) {
+                log::debug!(
+                    "store: cannot flock temp file in {}: {e}",
+                    self.dir.display()
+                );
+            }
+            // A cleaner in another `Store::open` may have taken the lock and unlinked the file
+            // in the instant between our create and our flock. Then start over with a new name.
+            if temp.file.metadata()?.nlink() == 0 {
+                temp.linked = false;
+                continue;
+            }
+            return Ok(temp);
+        }
+        Err(io::Error::from_raw_os_error(libc::EEXIST))
+    }
+
+    /// Makes the temp read-only and durable, then gives it its content name (or drops it when
+    /// that content is already stored), then fsyncs the directory.
+    fn commit(
+        &self,
+        mut temp: TempFile<'_>,
+        hasher: Sha256,
+        size: u64,
+        method: CopyMethod,
+    ) -> io::Result<StoredObject> {
+        temp.file
+            .set_permissions(Permissions::from_mode(OBJECT_MODE))?;
+        // Data and mode must be on disk before the name can point at them (invariant 2).
+        temp.file.sync_all()?;
+        let name = hex(&hasher.finalize());
+        let cname = object_cname(&name)?;
+
+        let reused = match stat_at(&self.dir_fd, &cname)? {
+            Some(st) if is_regular(&st) && u64::try_from(st.st_size).ok() == Some(size) => {
+                temp.discard();
+                true
+            }
+            Some(_) => {
+                // Same hash, different size (or not a regular file): the stored copy is damaged.
+                // Our temp holds verified content, so it replaces it atomically.
+                log::warn!(
+                    "store: object {name} in {} has the wrong size or type; replacing it",
+                    self.dir.display()
+                );
+                rename_at(&self.dir_fd, &temp.name, &cname)?;
+                temp.linked = false;
+                false
+            }
+            None => match rename_noreplace(&self.dir_fd, &temp.name, &cname) {
+                Ok(()) => {
+                    temp.linked = false;
+                    false
+                }
+                // Another put of the same content won the race; its object is complete.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    temp.discard();
+                    true
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        drop(temp);
+
+        // Makes the name durable: ours after a rename, or possibly another thread's that was
+        // renamed just now and not yet fsynced (invariant 2).
+        self.dir_fd.sync_all()?;
+        Ok(StoredObject {
+            name,
+            size,
+            reused,
+            method: if reused { CopyMethod::Existing } else { method },
+        })
+    }
+
+    /// Removes `.tmp-*` files left by a writer that is gone (crash, kill). A temp whose flock
+    /// is held belongs to a live writer and stays.
+    fn remove_stale_temps(&self) -> io::Result<()> {
+        let mut removed = 0usize;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let os_name = entry.file_name();
+            if !os_name.as_bytes().starts_with(TEMP_PREFIX.as_bytes()) {
+                continue;
+            }
+            let Ok(cname) = CString::new(os_name.as_bytes()) else {
+                continue;
+            };
+            // O_NONBLOCK: never hang on a FIFO someone planted; O_NOFOLLOW: never follow links.
+            let file = match openat(
+                &self.dir_fd,
+                &cname,
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                0,
+            ) {
+                Ok(file) => file,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => {
+                    log::warn!(
+                        "store: leaving {:?} in {}: cannot open it: {e}",
+                        os_name,
+                        self.dir.display()
+                    );
+                    continue;
+                }
+            };
+            if !file.metadata()?.is_file() {
+                continue;
+            }
+            match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => continue,
+                // No flock on this filesystem: nothing can be told apart, treat it as stale.
+                Err(_) => {}
+            }
+            match unlink_at(&self.dir_fd, &cname) {
+                Ok(()) => removed += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if removed > 0 {
+            log::info!(
+                "store: removed {removed} leftover temp file(s) from {}",
+                self.dir.display()
+            );
+            self.dir_fd.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// A temp file in the store directory. Unlinked on drop unless it was renamed into place.
+struct TempFile<'a> {
+    dir_fd: &'a File,
+    name: CString,
+    file: File,
+    /// Whether `name` still refers to this file (false after a rename or a discard).
+    linked: bool,
+}
+
+impl TempFile<'_> {
+    /// Unlinks the temp now. A failure only costs a leftover that the next `open` removes, so
+    /// it is logged, not returned: it must not turn a durable backup into an error.
+    fn discard(&mut self) {
+        if self.linked {
+            self.linked = false;
+            if let Err(e) = unlink_at(self.dir_fd, &self.name) {
+                log::warn!("store: cannot remove temp file {:?}: {e}", self.name);
+            }
+        }
+    }
+}
+
+impl Drop for TempFile<'_> {
+    fn drop(&mut self) {
+        self.discard();
+    }
+}
+
+/// `mkdir` with mode 0700 (parents too), fsyncing the parent of each directory it creates.
+fn create_dir_durably(dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(p) = cur {
+        if p.as_os_str().is_empty() || p.symlink_metadata().is_ok() {
+            break;
+        }
+        missing.push(p);
+        cur = p.parent();
+    }
+    for p in missing.iter().rev() {
+        match DirBuilder::new().mode(DIR_MODE).create(p) {
+            Ok(()) => {}
+            // Created concurrently by someone else: fine, it exists.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        let parent = match p.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(parent)?
+            .sync_all()?;
+    }
+    Ok(())
+}
+
+/// Tries `ioctl(FICLONE)` from `src` into the empty `dst`. `Ok(false)` means "no reflink
+/// here, copy instead" and leaves `dst` empty.
+///
+/// Reflink is only an optimisation, so every failure falls back to the copy (EOPNOTSUPP,
+/// EXDEV, EINVAL, ENOTTY are the usual "not here", but e.g. EBADF also means "unsupported" on
+/// some filesystems) — except ENOSPC, EDQUOT and EIO: the store is out of space or failing,
+/// and a copy would only fail the same way more slowly. Real problems with `src` (not
+/// readable, a directory) resurface with their own errno from the copy's pread.
+fn reflink(src: &File, dst: &File) -> io::Result<bool> {
+    // SAFETY: both fds are valid for the duration of the call; FICLONE takes the source fd
+    // as its integer argument and touches no memory of ours.
+    let ret = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) };
+    if ret == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EIO) => Err(err),
+        _ => {
+            log::trace!("store: no reflink ({err}); copying");
+            // A failed clone should not have changed `dst`; truncating makes sure the copy
+            // starts from an empty file either way.
+            dst.set_len(0)?;
+            Ok(false)
+        }
+    }
+}
+
+/// Copies `src` from offset 0 to EOF into `dst` (at `dst`'s file offset, which is 0 for a
+/// fresh temp), hashing in the same pass. Returns the hash and the number of bytes copied.
+fn copy_and_hash(src: &File, dst: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
+    let mut hasher = Sha256::new();
+    let mut off = 0u64;
+    loop {
+        let n = match src.read_at(buf, off) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        write_all(dst, &buf[..n])?;
+        off += n as u64;
+    }
+    Ok((hasher, off))
+}
+
+/// Hashes `file` from offset 0 to EOF with pread. Returns the hash and the length read.
+fn hash_file(file: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
+    let mut hasher = Sha256::new();
+    let mut off = 0u64;
+    loop {
+        let n = match file.read_at(buf, off) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok((hasher, off))
+}
+
+/// `write()` until all of `data` is written, retrying short writes and EINTR. Unlike
+/// `Write::write_all`, a zero-length write becomes a raw errno (EIO), so callers always get
+/// an errno to pass on.
+fn write_all(mut file: &File, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        match file.write(data) {
+            Ok(0) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Validates an object name and makes it a C string for the `*at` calls.
+fn object_cname(name: &str) -> io::Result<CString> {
+    if !is_object_name(name) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "invalid object name {name:?}: expected {OBJECT_NAME_LEN} lowercase hex digits"
+            ),
+        ));
+    }
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Lowercase hex of a digest.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    s
+}
+
+fn is_regular(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+fn openat(dir: &File, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated and outlives the call; `dir` is an open fd.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags,
+            libc::c_uint::from(mode),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by openat and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `fstatat` without following symlinks; `Ok(None)` when the name does not exist.
+fn stat_at(dir: &File, name: &CStr) -> io::Result<Option<libc::stat>> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `name` is NUL-terminated, `st` is valid writable storage for a `stat`.
+    let ret = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if ret == 0 {
+        // SAFETY: fstatat returned 0, so it filled in `st`.
+        return Ok(Some(unsafe { st.assume_init() }));
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENOENT) {
+        Ok(None)
+    } else {
+        Err(err)
+    }
+}
+
+fn unlink_at(dir: &File, name: &CStr) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated; `dir` is an open fd.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn rename_at(dir: &File, from: &CStr, to: &CStr) -> io::Result<()> {
+    let fd = dir.as_raw_fd();
+    // SAFETY: both names are NUL-terminated; `dir` is an open fd.
+    if unsafe { libc::renameat(fd, from.as_ptr(), fd, to.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `renameat2(RENAME_NOREPLACE)`, so a racing put of the same content is seen as `EEXIST`
+/// (and reported as reused) instead of silently overwriting. Filesystems without the flag
+/// get a plain rename, which is also correct here: both sides hold identical content.
+fn rename_noreplace(dir: &File, from: &CStr, to: &CStr) -> io::Result<()> {
+    let fd = dir.as_raw_fd();
+    // SAFETY: both names are NUL-terminated; `dir` is an open fd.
+    let ret =
+        unsafe { libc::renameat2(fd, from.as_ptr(), fd, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    if ret == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) => rename_at(dir, from, to),
+        _ => Err(err),
+    }
+}
+
+/// `flock`, retried on EINTR.
+fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: `file` is an open fd; flock touches no memory of ours.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom};
+
+    const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+    fn sha256_hex(data: &[u8]) -> String {
+        hex(&Sha256::digest(data))
+    }
+
+    /// Deterministic pseudo-random bytes (xorshift64*), so big test files are not compressible
+    /// patterns and hash bugs cannot hide behind repetition.
+    fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(len + 8);
+        while out.len() < len {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn source_file(dir: &Path, name: &str, data: &[u8]) -> File {
+        let path = dir.join(name);
+        std::fs::write(&path, data).expect("write source file");
+        File::open(&path).expect("open source file")
+    }
+
+    fn dir_entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|e| {
+                e.expect("dir entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn setup() -> (tempfile::TempDir, Store) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&tmp.path().join("backups")).expect("open store");
+        (tmp, store)
+    }
+
+    #[test]
+    fn put_bytes_then_read_back() {
+        let (_tmp, store) = setup();
+        let obj = store.put_bytes(b"hello store").expect("put");
+        assert_eq!(obj.name, sha256_hex(b"hello store"));
+        assert_eq!(obj.size, 11);
+        assert!(!obj.reused);
+        assert_eq!(obj.method, CopyMethod::Copy);
+        assert!(store.contains(&obj.name));
+        assert_eq!(store.read_object(&obj.name).expect("read"), b"hello store");
+        assert_eq!(store.object_path(&obj.name), store.dir().join(&obj.name));
+        assert!(store.verify(&obj.name).expect("verify"));
+    }
+
+    #[test]
+    fn put_file_then_read_back() {
+        let (tmp, store) = setup();
+        let src = source_file(tmp.path(), "src", b"file content\n");
+        let obj = store.put_file(&src).expect("put");
+        assert_eq!(obj.name, sha256_hex(b"file content\n"));
+        assert_eq!(obj.size, 13);
+        assert!(!obj.reused);
+        // /tmp is usually ext4 or tmpfs here, but a btrfs/XFS /tmp would legitimately reflink.
+        assert!(matches!(obj.method, CopyMethod::Copy | CopyMethod::Reflink));
+        let mut content = String::new();
+        store
+            .open_object(&obj.name)
+            .expect("open object")
+            .read_to_string(&mut content)
+            .expect("read");
+        assert_eq!(content, "file content\n");
+    }
+
+    #[test]
+    fn put_file_userspace_copy_path_is_exact() {
+        let (tmp, store) = setup();
+        let data = pseudo_random(3 * BUF_SIZE + 12345, 7);
+        let src = source_file(tmp.path(), "src", &data);
+        let obj = store.put_file_impl(&src, false).expect("put");
+        assert_eq!(obj.method, CopyMethod::Copy);
+        assert_eq!(obj.size, data.len() as u64);
+        assert_eq!(obj.name, sha256_hex(&data));
+        assert_eq!(store.read_object(&obj.name).expect("read"), data);
+    }
+
+    #[test]
+    fn put_file_reads_from_offset_zero_and_leaves_fd_offset_alone() {
+        let (tmp, store) = setup();
+        let mut src = source_file(tmp.path(), "src", b"0123456789abcdef");
+        src.seek(SeekFrom::Start(10)).expect("seek");
+        let obj = store.put_file(&src).expect("put");
+        assert_eq!(obj.size, 16);
+        assert_eq!(
+            store.read_object(&obj.name).expect("read"),
+            b"0123456789abcdef"
+        );
+        assert_eq!(src.stream_position().expect("tell"), 10);
+        let obj2 = store.put_file_impl(&src, false).expect("put (copy path)");
+        assert_eq!(obj2.name, obj.name);
+        assert_eq!(src.stream_position().expect("tell"), 10);
+    }
+
+    #[test]
+    fn same_content_twice_is_stored_once() {
+        let (tmp, store) = setup();
+        let first = store.put_bytes(b"dup").expect("first put");
+        assert!(!first.reused);
+        let src = source_file(tmp.path(), "src", b"dup");
+        let second = store.put_file(&src).expect("second put");
+        assert_eq!(second.name, first.name);
+        assert!(second.reused);
+        assert_eq!(second.method, CopyMethod::Existing);
+        let third = store.put_bytes(b"dup").expect("third put");
+        assert!(third.reused);
+        assert_eq!(third.method, CopyMethod::Existing);
+        assert_eq!(store.list().expect("list"), vec![first.name.clone()]);
+        // No temp file is left behind by the reused puts either.
+        assert_eq!(dir_entries(store.dir()), vec![first.name]);
+    }
+
+    #[test]
+    fn empty_file_and_empty_bytes() {
+        let (tmp, store) = setup();
+        let src = source_file(tmp.path(), "empty", b"");
+        let a = store.put_file(&src).expect("put empty file");
+        assert_eq!(a.name, EMPTY_SHA256);
+        assert_eq!(a.size, 0);
+        assert!(!a.reused);
+        let b = store.put_bytes(b"").expect("put empty bytes");
+        assert_eq!(b.name, EMPTY_SHA256);
+        assert!(b.reused);
+        assert_eq!(store.read_object(EMPTY_SHA256).expect("read"), b"");
+        assert_eq!(store.total_size().expect("total"), 0);
+    }
+
+    #[test]
+    fn five_mib_pseudo_random_file_hash_matches_sha2() {
+        let (tmp, store) = setup();
+        let data = pseudo_random(5 << 20, 0x5eed);
+        let src = source_file(tmp.path(), "big", &data);
+        let obj = store.put_file(&src).expect("put");
+        assert_eq!(obj.name, sha256_hex(&data));
+        assert_eq!(obj.size, 5 << 20);
+        let back = store.read_object(&obj.name).expect("read");
+        assert!(back == data, "stored content differs from the source");
+        assert!(store.verify(&obj.name).expect("verify"));
+    }
+
+    #[test]
+    fn list_total_size_and_remove() {
+        let (_tmp, store) = setup();
+        assert!(store.list().expect("list").is_empty());
+        let a = store.put_bytes(b"aaaa").expect("put a");
+        let b = store.put_bytes(b"bbbbbbbbbb").expect("put b");
+        let mut expected = vec![a.name.clone(), b.name.clone()];
+        expected.sort();
+        assert_eq!(store.list().expect("list"), expected);
+        assert_eq!(store.total_size().expect("total"), 14);
+
+        store.remove(&a.name).expect("remove a");
+        assert!(!store.contains(&a.name));
+        assert_eq!(store.list().expect("list"), vec![b.name.clone()]);
+        assert_eq!(store.total_size().expect("total"), 10);
+        let err = store.remove(&a.name).expect_err("second remove");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+        store.sync().expect("sync");
+    }
+
+    #[test]
+    fn list_skips_temp_and_foreign_files() {
+        let (_tmp, store) = setup();
+        let obj = store.put_bytes(b"x").expect("put");
+        let dir = store.dir().to_path_buf();
+        std::fs::write(dir.join("README"), b"not an object").expect("write");
+        std::fs::write(dir.join(obj.name.to_uppercase()), b"x").expect("write");
+        std::fs::create_dir(dir.join("0".repeat(64))).expect("mkdir");
+        // A temp held by a live writer, so it is really "in flight".
+        let temp = store.create_temp().expect("temp");
+        assert_eq!(store.list().expect("list"), vec![obj.name.clone()]);
+        assert_eq!(store.total_size().expect("total"), 1);
+        assert!(
+            !store.contains(&"0".repeat(64)),
+            "a directory is not an object"
+        );
+        drop(temp);
+    }
+
+    #[test]
+    fn invalid_names_are_rejected() {
+        let (_tmp, store) = setup();
+        let obj = store.put_bytes(b"valid").expect("put");
+        let bad = [
+            String::new(),
+            obj.name.to_uppercase(),
+            obj.name[..63].to_string(),
+            format!("{}0", obj.name),
+            format!("../{}", &obj.name[3..]),
+            "g".repeat(64),
+            format!("{}/", &obj.name[..63]),
+            ".tmp-1-1".to_string(),
+        ];
+        for name in &bad {
+            assert!(!is_object_name(name), "{name:?} accepted");
+            let err = store.open_object(name).expect_err("open_object");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{name:?}");
+            let err = store.read_object(name).expect_err("read_object");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{name:?}");
+            let err = store.remove(name).expect_err("remove");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{name:?}");
+            assert!(!store.contains(name));
+        }
+        assert!(is_object_name(&obj.name));
+        let missing = "0".repeat(64);
+        let err = store.open_object(&missing).expect_err("missing object");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn objects_are_read_only() {
+        let (tmp, store) = setup();
+        let a = store.put_bytes(b"ro").expect("put bytes");
+        let src = source_file(tmp.path(), "src", b"ro file");
+        let b = store.put_file(&src).expect("put file");
+        for name in [&a.name, &b.name] {
+            let mode = std::fs::metadata(store.object_path(name))
+                .expect("stat")
+                .mode();
+            assert_eq!(mode & 0o7777, OBJECT_MODE, "object {name} mode {mode:o}");
+        }
+    }
+
+    #[test]
+    fn open_creates_missing_dirs_with_mode_0700() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("state").join("backups");
+        let store = Store::open(&dir).expect("open");
+        assert_eq!(store.dir(), dir);
+        for p in [&dir, &tmp.path().join("state")] {
+            let mode = std::fs::metadata(p).expect("stat").mode();
+            assert_eq!(mode & 0o7777, 0o700, "{} mode {mode:o}", p.display());
+        }
+        // Reopening an existing store is fine and keeps its objects.
+        let obj = store.put_bytes(b"keep").expect("put");
+        drop(store);
+        let store = Store::open(&dir).expect("reopen");
+        assert_eq!(store.list().expect("list"), vec![obj.name]);
+    }
+
+    #[test]
+    fn open_on_a_regular_file_fails() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("file");
+        std::fs::write(&path, b"").expect("write");
+        let err = Store::open(&path).expect_err("open on a file");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR));
+    }
+
+    #[test]
+    fn open_removes_leftover_temp_files() {
+        let (_tmp, store) = setup();
+        let obj = store.put_bytes(b"survivor").expect("put");
+        let dir = store.dir().to_path_buf();
+        // What a crashed writer leaves: temps nobody holds a lock on, some half written.
+        std::fs::write(dir.join(".tmp-4242-0"), b"half a backu").expect("write");
+        std::fs::write(dir.join(".tmp-4242-1"), b"").expect("write");
+        std::fs::write(dir.join("unrelated"), b"kept").expect("write");
+        drop(store);
+        let store = Store::open(&dir).expect("reopen");
+        assert_eq!(dir_entries(&dir), {
+            let mut v = vec![obj.name.clone(), "unrelated".to_string()];
+            v.sort();
+            v
+        });
+        assert_eq!(store.list().expect("list"), vec![obj.name]);
+    }
+
+    #[test]
+    fn open_keeps_temp_files_of_a_live_writer() {
+        let (_tmp, store) = setup();
+        let temp = store.create_temp().expect("temp");
+        let temp_name = temp.name.to_string_lossy().into_owned();
+        assert!(temp_name.starts_with(".tmp-"), "{temp_name}");
+        // A second Store on the same directory (as a CLI next to the daemon would open) must
+        // not delete a backup that is being written.
+        let other = Store::open(store.dir()).expect("second open");
+        assert_eq!(dir_entries(store.dir()), vec![temp_name.clone()]);
+        drop(temp);
+        assert!(
+            dir_entries(store.dir()).is_empty(),
+            "dropped temp is unlinked"
+        );
+        drop(other);
+    }
+
+    #[test]
+    fn a_damaged_object_is_replaced_by_a_new_put() {
+        let (_tmp, store) = setup();
+        let obj = store.put_bytes(b"precious content").expect("put");
+        let path = store.object_path(&obj.name);
+        std::fs::remove_file(&path).expect("rm");
+        std::fs::write(&path, b"trunc").expect("write damaged copy");
+        assert!(!store.verify(&obj.name).expect("verify"));
+        let again = store.put_bytes(b"precious content").expect("put again");
+        assert_eq!(again.name, obj.name);
+        assert!(!again.reused, "a damaged object must not count as reused");
+        assert_eq!(again.method, CopyMethod::Copy);
+        assert_eq!(
+            store.read_object(&obj.name).expect("read"),
+            b"precious content"
+        );
+        assert!(store.verify(&obj.name).expect("verify"));
+    }
+
+    #[test]
+    fn concurrent_puts_of_the_same_content_store_one_object() {
+        let (_tmp, store) = setup();
+        let data = pseudo_random(300_000, 99);
+        let results: Vec<StoredObject> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| store.put_bytes(&data).expect("put")))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        assert!(results.iter().all(|r| r.name == sha256_hex(&data)));
+        // Exactly one writer stored it unless a damaged-object path hit (it cannot here).
+        let fresh = results.iter().filter(|r| !r.reused).count();
+        assert_eq!(fresh, 1, "{results:?}");
+        assert_eq!(dir_entries(store.dir()), vec![sha256_hex(&data)]);
+    }
+
+    #[test]
+    fn put_file_on_unreadable_fd_fails_cleanly() {
+        let (tmp, store) = setup();
+        let path = tmp.path().join("wo");
+        std::fs::write(&path, b"data").expect("write");
+        let wo = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open O_WRONLY");
+        let err = store.put_file(&wo).expect_err("put from a write-only fd");
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        assert!(dir_entries(store.dir()).is_empty());
+    }
+
+    /// A tmpfs mounted for one test; unmounted on drop (lazily as a last resort).
+    struct TmpfsMount {
+        path: CString,
+    }
+
+    impl TmpfsMount {
+        /// Mounts a tmpfs of `size` at `dir`. `Ok(None)` when we may not mount (not root).
+        fn mount(dir: &Path, size: &str) -> io::Result<Option<TmpfsMount>> {
+            let path = CString::new(dir.as_os_str().as_bytes())?;
+            let opts = CString::new(format!("size={size},mode=0700"))?;
+            // SAFETY: all strings are NUL-terminated and outlive the call.
+            let ret = unsafe {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    path.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    opts.as_ptr().cast(),
+                )
+            };
+            if ret == 0 {
+                return Ok(Some(TmpfsMount { path }));
+            }
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EPERM) => Ok(None),
+                _ => Err(err),
+            }
+        }
+    }
+
+    impl Drop for TmpfsMount {
+        fn drop(&mut self) {
+            // SAFETY: `path` is NUL-terminated.
+            if unsafe { libc::umount2(self.path.as_ptr(), 0) } != 0 {
+                // SAFETY: as above.
+                unsafe { libc::umount2(self.path.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+
+    #[test]
+    fn enospc_on_tiny_tmpfs_leaves_nothing_behind() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store_dir = tmp.path().join("tiny");
+        std::fs::create_dir(&store_dir).expect("mkdir");
+        let Some(_mount) = TmpfsMount::mount(&store_dir, "64k").expect("mount tmpfs") else {
+            eprintln!("note: skipping enospc_on_tiny_tmpfs_leaves_nothing_behind: not root");
+            return;
+        };
+        let store = Store::open(&store_dir).expect("open store on tmpfs");
+        let data = pseudo_random(1 << 20, 3);
+        let src = source_file(tmp.path(), "big", &data);
+
+        let err = store.put_file(&src).expect_err("1 MiB into 64 KiB");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err:?}");
+        assert!(
+            dir_entries(&store_dir).is_empty(),
+            "{:?}",
+            dir_entries(&store_dir)
+        );
+
+        let err = store.put_bytes(&data).expect_err("1 MiB into 64 KiB");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err:?}");
+        assert!(
+            dir_entries(&store_dir).is_empty(),
+            "{:?}",
+            dir_entries(&store_dir)
+        );
+
+        // The store still works for what fits.
+        let small = store.put_bytes(b"fits").expect("small put after ENOSPC");
+        assert_eq!(dir_entries(&store_dir), vec![small.name]);
+    }
+}

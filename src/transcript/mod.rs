@@ -1,4 +1,10 @@
 //! Layer 3: the JSONL transcript (record types, writer thread, replay).
+//!
+//! The format is documented in docs/transcript-format.md.
+mod fsutil;
+pub mod journal;
 pub mod record;
 pub mod replay;
+#[cfg(test)]
+mod testutil;
 pub mod writer;

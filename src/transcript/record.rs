@@ -57,6 +57,10 @@ pub struct TrackedFileBackup {
     /// Extra: the process whose request caused a Layer 1 backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<Actor>,
+    /// Extra: in a Layer 1 record, the background copier filled in a pending version; the
+    /// path did not change (replay must not mark it changed since the checkpoint).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fill: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,4 +103,67 @@ pub struct Actor {
 /// RFC 3339 (UTC, milliseconds) for a point in time.
 pub fn rfc3339(t: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+impl Record {
+    /// A checkpoint (Layer 2) record: `messageId` and `snapshot.messageId` are both the
+    /// checkpoint's own id, and `tracked_file_backups` maps every tracked path to its version at
+    /// that moment.
+    pub fn checkpoint(
+        id: &str,
+        seq: u64,
+        timestamp: String,
+        tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+    ) -> Record {
+        Record::new(
+            Some(id.to_owned()),
+            seq,
+            timestamp,
+            tracked_file_backups,
+            false,
+        )
+    }
+
+    /// A Layer 1 record (`isSnapshotUpdate: true`): a backup or the fill of a pending version.
+    /// `latest_checkpoint` is the newest checkpoint id before this record, `None` before the
+    /// first checkpoint; both `messageId` fields carry it, as in the seed format.
+    pub fn snapshot_update(
+        latest_checkpoint: Option<&str>,
+        seq: u64,
+        timestamp: String,
+        tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+    ) -> Record {
+        Record::new(
+            latest_checkpoint.map(str::to_owned),
+            seq,
+            timestamp,
+            tracked_file_backups,
+            true,
+        )
+    }
+
+    fn new(
+        message_id: Option<String>,
+        seq: u64,
+        timestamp: String,
+        tracked_file_backups: BTreeMap<String, TrackedFileBackup>,
+        is_snapshot_update: bool,
+    ) -> Record {
+        Record {
+            record_type: FILE_HISTORY_SNAPSHOT.to_owned(),
+            message_id: message_id.clone(),
+            snapshot: Snapshot {
+                message_id,
+                tracked_file_backups,
+                timestamp,
+            },
+            is_snapshot_update,
+            seq,
+        }
+    }
+
+    /// True for a checkpoint (Layer 2) record, false for a Layer 1 record.
+    pub fn is_checkpoint(&self) -> bool {
+        !self.is_snapshot_update
+    }
 }

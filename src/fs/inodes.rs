@@ -1,0 +1,183 @@
+//! The inode table: FUSE inode numbers → objects in SRC, held by O_PATH file descriptors.
+//!
+//! Invariants:
+//! - An entry exists exactly while the kernel holds lookups on it (`lookups > 0`), except
+//!   the root, which is never forgotten. `lookup`/`create`/`mkdir`/`readdirplus` entries add
+//!   one; `forget(n)` subtracts n; at zero the entry and its fd go.
+//! - Objects are identified by `(st_dev, st_ino)`; one entry per object, so hard links share
+//!   an inode number, and renames (of the object or any ancestor) never make an entry stale:
+//!   the fd follows the object, not a path.
+//! - FUSE inode numbers come from a counter and are never reused, so generation is always 0.
+//!
+//! Lock order: `InodeTable::inner` is a leaf lock — nothing else is acquired while holding it.
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use fuser::BackingId;
+
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl ObjectKey {
+    pub fn of(st: &libc::stat) -> ObjectKey {
+        ObjectKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+pub struct Inode {
+    pub ino: u64,
+    pub key: ObjectKey,
+    /// `st_mode & S_IFMT` at lookup; an object never changes type.
+    pub file_type: u32,
+    /// O_PATH | O_NOFOLLOW.
+    pub fd: OwnedFd,
+    lookups: AtomicU64,
+    /// The kernel wants one backing file per inode for all passthrough opens; handles hold
+    /// the strong references, so the backing id closes when the last handle is released.
+    pub backing: Mutex<Weak<BackingId>>,
+}
+
+impl std::fmt::Debug for Inode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inode")
+            .field("ino", &self.ino)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl Inode {
+    pub fn is_dir(&self) -> bool {
+        self.file_type == libc::S_IFDIR
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.file_type == libc::S_IFLNK
+    }
+    pub fn is_regular(&self) -> bool {
+        self.file_type == libc::S_IFREG
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    by_ino: HashMap<u64, Arc<Inode>>,
+    by_key: HashMap<ObjectKey, u64>,
+}
+
+pub struct InodeTable {
+    inner: RwLock<Inner>,
+    next_ino: AtomicU64,
+}
+
+impl InodeTable {
+    pub fn new(root_fd: OwnedFd) -> io::Result<InodeTable> {
+        let st = super::sys::fstat(root_fd.as_fd())?;
+        let root = Arc::new(Inode {
+            ino: ROOT_INO,
+            key: ObjectKey::of(&st),
+            file_type: st.st_mode & libc::S_IFMT,
+            fd: root_fd,
+            lookups: AtomicU64::new(1),
+            backing: Mutex::new(Weak::new()),
+        });
+        let mut inner = Inner::default();
+        inner.by_key.insert(root.key, ROOT_INO);
+        inner.by_ino.insert(ROOT_INO, root);
+        Ok(InodeTable {
+            inner: RwLock::new(inner),
+            next_ino: AtomicU64::new(ROOT_INO + 1),
+        })
+    }
+
+    /// The entry for a FUSE inode number; ENOENT-style `None` for unknown numbers (a
+    /// misbehaving kernel or a race with forget must not crash the daemon).
+    pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
+        self.read().by_ino.get(&ino).cloned()
+    }
+
+    /// Adds one lookup to the object `key`, if it is known. Saves opening an fd.
+    pub fn lookup_known(&self, key: ObjectKey) -> Option<Arc<Inode>> {
+        let inner = self.read();
+        let ino = inner.by_key.get(&key)?;
+        let inode = inner.by_ino.get(ino)?;
+        // Under the read lock, a count never goes from 0 to 1: forget removes an entry
+        // at zero under the write lock.
+        inode.lookups.fetch_add(1, Ordering::Relaxed);
+        Some(inode.clone())
+    }
+
+    /// Adds one lookup to the object behind `fd` (whose stat is `st`), inserting it if new.
+    pub fn lookup_or_insert(&self, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
+        let key = ObjectKey::of(st);
+        let mut inner = self.write();
+        if let Some(ino) = inner.by_key.get(&key).copied()
+            && let Some(inode) = inner.by_ino.get(&ino)
+        {
+            inode.lookups.fetch_add(1, Ordering::Relaxed);
+            return inode.clone();
+        }
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        let inode = Arc::new(Inode {
+            ino,
+            key,
+            file_type: st.st_mode & libc::S_IFMT,
+            fd,
+            lookups: AtomicU64::new(1),
+            backing: Mutex::new(Weak::new()),
+        });
+        inner.by_key.insert(key, ino);
+        inner.by_ino.insert(ino, inode.clone());
+        inode
+    }
+
+    /// Drops `n` lookups; the entry goes at zero. Unknown inodes are ignored (forget has no
+    /// reply, and a double forget must not take the daemon down).
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut inner = self.write();
+        let Some(inode) = inner.by_ino.get(&ino) else {
+            log::warn!("forget of unknown inode {ino}");
+            return;
+        };
+        let prev = inode.lookups.load(Ordering::Relaxed);
+        let now = prev.saturating_sub(n);
+        inode.lookups.store(now, Ordering::Relaxed);
+        if now == 0 {
+            let key = inode.key;
+            inner.by_ino.remove(&ino);
+            // Only remove the key mapping if it still points at this entry.
+            if inner.by_key.get(&key) == Some(&ino) {
+                inner.by_key.remove(&key);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().by_ino.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+}

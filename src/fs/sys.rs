@@ -1,0 +1,345 @@
+//! Thin, allocation-free wrappers over the *read-only* syscalls the core needs.
+//!
+//! Syscalls that change SRC live in [`super::gate::mutate`] and need a
+//! [`super::gate::Permit`]; nothing in this file may modify the filesystem.
+use std::ffi::{CStr, OsStr};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// Converts a `-1` return into the thread's errno.
+pub fn cvt<T: PartialOrd + From<i8>>(ret: T) -> io::Result<T> {
+    if ret < T::from(0) {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Runs `f` with `name` as a NUL-terminated C string built on the stack.
+///
+/// FUSE names are at most NAME_MAX (255) bytes and never contain NUL or `/`, so a
+/// 256-byte buffer always suffices; anything else is refused rather than allocated for.
+pub fn with_name<R>(name: &OsStr, f: impl FnOnce(&CStr) -> io::Result<R>) -> io::Result<R> {
+    let bytes = name.as_bytes();
+    if bytes.len() > 255 {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    if bytes.is_empty() || bytes.contains(&0) || bytes.contains(&b'/') {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut buf = [0u8; 256];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    // The buffer holds `bytes` followed by at least one NUL and no interior NUL.
+    let c =
+        CStr::from_bytes_until_nul(&buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    f(c)
+}
+
+pub const EMPTY: &CStr = c"";
+pub const DOT: &CStr = c".";
+
+pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<libc::stat> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid fd, NUL-terminated name, st points to writable memory of the right size.
+    cvt(unsafe { libc::fstatat(dir.as_raw_fd(), name.as_ptr(), st.as_mut_ptr(), flags) })?;
+    // SAFETY: fstatat succeeded and filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `stat` of the object an fd refers to (works for O_PATH fds).
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    fstatat(fd, EMPTY, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+}
+
+pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and C string; the returned fd is owned by us.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode,
+        )
+    })?;
+    // SAFETY: fd was just returned by openat and is not owned elsewhere.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Re-opens an O_PATH fd with real access flags through /proc/self/fd, the only way to
+/// turn an O_PATH fd into a readable/writable one without knowing its path.
+///
+/// Must not carry O_CREAT (the inode exists) — O_TRUNC is the caller's business, which is
+/// why this goes through the gate when the flags can write (see `gate::mutate::reopen`).
+pub fn reopen_readonly_like(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+    debug_assert_eq!(flags & (libc::O_CREAT | libc::O_TRUNC), 0);
+    debug_assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);
+    proc_reopen(fd, flags)
+}
+
+pub(crate) fn proc_reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+    let mut buf = [0u8; 32];
+    let path = proc_fd_path(&mut buf, fd);
+    let flags = (flags | libc::O_CLOEXEC) & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
+    // SAFETY: `path` is NUL-terminated; the returned fd is owned by us.
+    let new = cvt(unsafe { libc::open(path.as_ptr(), flags) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// Formats `/proc/self/fd/<fd>` into `buf` without allocating.
+pub fn proc_fd_path(buf: &mut [u8; 32], fd: RawFd) -> &CStr {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 12];
+    let mut n = fd as u32;
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - i;
+    buf[prefix.len()..prefix.len() + len].copy_from_slice(&digits[i..]);
+    buf[prefix.len() + len] = 0;
+    CStr::from_bytes_until_nul(&buf[..]).expect("NUL written above")
+}
+
+/// The current absolute path of what `fd` refers to, or `None` if it has been deleted.
+pub fn fd_path(fd: RawFd) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = [0u8; 32];
+    let link = proc_fd_path(&mut buf, fd);
+    let mut out = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `out` is writable for its length.
+    let n =
+        cvt(unsafe { libc::readlink(link.as_ptr(), out.as_mut_ptr().cast(), out.len()) })? as usize;
+    out.truncate(n);
+    if out.ends_with(b" (deleted)") {
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut out = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `out` is writable for its length.
+    let n = cvt(unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            out.as_mut_ptr().cast(),
+            out.len(),
+        )
+    })? as usize;
+    out.truncate(n);
+    Ok(out)
+}
+
+pub fn faccessat(dir: BorrowedFd<'_>, name: &CStr, mask: i32, flags: i32) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::faccessat(dir.as_raw_fd(), name.as_ptr(), mask, flags) })?;
+    Ok(())
+}
+
+pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
+    let mut st = MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: valid fd; st is writable.
+    cvt(unsafe { libc::fstatvfs(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstatvfs succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    // SAFETY: buf is writable for its length.
+    let n = cvt(unsafe {
+        libc::pread(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            offset as i64,
+        )
+    })?;
+    Ok(n as usize)
+}
+
+pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> io::Result<i64> {
+    // SAFETY: plain syscall on a valid fd.
+    cvt(unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) })
+}
+
+pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
+    // SAFETY: plain syscall on a valid fd.
+    cvt(unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    })?;
+    Ok(())
+}
+
+/// Runs an xattr syscall on the object behind an O_PATH fd via its /proc/self/fd path
+/// (the f*xattr calls refuse O_PATH fds; `l*xattr` on the proc link does not follow it).
+pub fn with_proc_path<R>(fd: RawFd, f: impl FnOnce(&CStr) -> io::Result<R>) -> io::Result<R> {
+    let mut buf = [0u8; 32];
+    f(proc_fd_path(&mut buf, fd))
+}
+
+pub fn getxattr(fd: RawFd, is_symlink: bool, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    with_proc_path(fd, |p| {
+        // SAFETY: p and name are C strings; buf is writable for its length (or empty).
+        let n = unsafe {
+            if is_symlink {
+                libc::lgetxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            } else {
+                libc::getxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            }
+        };
+        cvt(n).map(|n| n as usize)
+    })
+}
+
+pub fn listxattr(fd: RawFd, is_symlink: bool, buf: &mut [u8]) -> io::Result<usize> {
+    with_proc_path(fd, |p| {
+        // SAFETY: p is a C string; buf is writable for its length (or empty).
+        let n = unsafe {
+            if is_symlink {
+                libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            } else {
+                libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            }
+        };
+        cvt(n).map(|n| n as usize)
+    })
+}
+
+/// A directory stream over a duplicate of a directory fd.
+pub struct DirStream {
+    dir: *mut libc::DIR,
+}
+
+// SAFETY: the DIR is only used through &mut self (callers keep it behind a Mutex).
+unsafe impl Send for DirStream {}
+
+pub struct DirEntryRaw<'a> {
+    pub ino: u64,
+    pub offset: i64,
+    pub d_type: u8,
+    pub name: &'a [u8],
+}
+
+impl DirStream {
+    /// Opens a stream on directory `fd` (an O_PATH fd is fine: it is re-opened).
+    pub fn open(fd: BorrowedFd<'_>) -> io::Result<DirStream> {
+        let dirfd = openat(fd, DOT, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(dirfd);
+        // SAFETY: raw is a valid directory fd whose ownership passes to the DIR on success.
+        let dir = unsafe { libc::fdopendir(raw) };
+        if dir.is_null() {
+            let err = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so we still own raw.
+            unsafe { libc::close(raw) };
+            return Err(err);
+        }
+        Ok(DirStream { dir })
+    }
+
+    pub fn seek(&mut self, offset: i64) {
+        // SAFETY: valid DIR.
+        unsafe { libc::seekdir(self.dir, offset) }
+    }
+
+    /// The next entry, or `None` at the end. The name borrows the stream's buffer.
+    pub fn next_entry(&mut self) -> io::Result<Option<DirEntryRaw<'_>>> {
+        // readdir signals errors only through errno, so clear it first.
+        // SAFETY: errno location is thread-local and always valid.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: valid DIR.
+        let ent = unsafe { libc::readdir64(self.dir) };
+        if ent.is_null() {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(0) | None => Ok(None),
+                _ => Err(err),
+            };
+        }
+        // SAFETY: readdir returned a valid entry that lives until the next call on this DIR,
+        // which the borrow of &mut self guarantees.
+        let ent = unsafe { &*ent };
+        // SAFETY: d_name is NUL-terminated.
+        let name = unsafe { CStr::from_ptr(ent.d_name.as_ptr()) }.to_bytes();
+        Ok(Some(DirEntryRaw {
+            ino: ent.d_ino,
+            offset: ent.d_off,
+            d_type: ent.d_type,
+            name,
+        }))
+    }
+
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: valid DIR.
+        unsafe { libc::dirfd(self.dir) }
+    }
+}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: valid DIR, closed exactly once.
+        unsafe { libc::closedir(self.dir) };
+    }
+}
+
+/// Switches the calling thread's filesystem uid/gid for the guard's lifetime, so that files
+/// created on behalf of another user belong to that user (as the kernel would do).
+///
+/// setfsuid/setfsgid are per-thread at the syscall level, which is what we want: each FUSE
+/// worker thread switches only itself.
+pub struct FsCredsGuard {
+    switched: bool,
+}
+
+impl FsCredsGuard {
+    pub fn switch(uid: u32, gid: u32) -> FsCredsGuard {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || (uid == 0 && gid == 0) {
+            return FsCredsGuard { switched: false };
+        }
+        // SAFETY: raw syscalls; gid first, because after dropping fsuid we could not change it.
+        unsafe {
+            libc::syscall(libc::SYS_setfsgid, gid);
+            libc::syscall(libc::SYS_setfsuid, uid);
+        }
+        FsCredsGuard { switched: true }
+    }
+}
+
+impl Drop for FsCredsGuard {
+    fn drop(&mut self) {
+        if self.switched {
+            // SAFETY: restoring root's fs ids; uid first so that the gid change is permitted.
+            unsafe {
+                libc::syscall(libc::SYS_setfsuid, 0);
+                libc::syscall(libc::SYS_setfsgid, 0);
+            }
+        }
+    }
+}
+
+pub fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}

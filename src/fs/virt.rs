@@ -1,0 +1,573 @@
+//! The virtual `.checkpoint/` tree. Never passed through to SRC.
+//!
+//! ```text
+//! .checkpoint/            found by lookup, hidden from readdir of the root (like ZFS's .zfs)
+//! ├── ctl                 write a checkpoint id (one per line) to take a checkpoint
+//! ├── state-dir           the absolute path of this mount's state dir
+//! └── at/                 one read-only directory per checkpoint, in creation order
+//!     └── <id>/…          the whole tree as it was at that checkpoint
+//! ```
+//!
+//! Inode numbers and handles of this tree have [`VIRTUAL_BIT`] set, so they can never collide
+//! with those of the passthrough tables. View nodes (`at/<id>/path`) are allocated on lookup
+//! and honour the kernel's lookup counts like real inodes.
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use fuser::{FileAttr, FileType, INodeNo};
+
+use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
+use crate::history::{Caller, ViewContent, ViewEntry};
+use crate::ids::validate_id;
+use crate::transcript::record::EntryKind;
+
+pub const VIRTUAL_BIT: u64 = 1 << 63;
+const CONTROL_DIR: u64 = VIRTUAL_BIT | 1;
+const CTL: u64 = VIRTUAL_BIT | 2;
+const STATE_DIR_FILE: u64 = VIRTUAL_BIT | 3;
+const AT_DIR: u64 = VIRTUAL_BIT | 4;
+const FIRST_VIEW_INO: u64 = VIRTUAL_BIT | 16;
+
+/// Views never change once taken, so the kernel may cache them as long as it likes; the
+/// control entries change (new checkpoints), so they are never cached.
+const VIEW_TTL: Duration = Duration::from_secs(86400);
+const CONTROL_TTL: Duration = Duration::ZERO;
+
+pub fn is_virtual(ino: u64) -> bool {
+    ino & VIRTUAL_BIT != 0
+}
+
+pub fn is_virtual_handle(fh: u64) -> bool {
+    fh & VIRTUAL_BIT != 0
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+/// A path inside one checkpoint's view: `rel` is relative to the mount root.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ViewKey {
+    checkpoint: usize,
+    rel: Vec<u8>,
+}
+
+struct ViewNode {
+    key: ViewKey,
+    lookups: u64,
+}
+
+#[derive(Default)]
+struct Views {
+    by_ino: HashMap<u64, ViewNode>,
+    by_key: HashMap<ViewKey, u64>,
+}
+
+enum VirtualHandle {
+    Ctl,
+    StateDir,
+    /// A file in a view: the store object or the (unchanged since mount) file in SRC.
+    ViewFile(File),
+    /// A snapshot of a directory listing, taken at opendir: (name, kind, ino-or-0).
+    Listing(Vec<(Vec<u8>, FileType)>),
+}
+
+pub struct VirtualTree {
+    state_dir: PathBuf,
+    mounted_at: SystemTime,
+    views: RwLock<Views>,
+    next_ino: AtomicU64,
+    handles: Mutex<HashMap<u64, Arc<VirtualHandle>>>,
+    next_fh: AtomicU64,
+}
+
+impl VirtualTree {
+    pub fn new(state_dir: PathBuf) -> VirtualTree {
+        VirtualTree {
+            state_dir,
+            mounted_at: SystemTime::now(),
+            views: RwLock::new(Views::default()),
+            next_ino: AtomicU64::new(FIRST_VIEW_INO),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(VIRTUAL_BIT | 1),
+        }
+    }
+
+    fn state_dir_contents(&self) -> Vec<u8> {
+        let mut v = self.state_dir.as_os_str().as_bytes().to_vec();
+        v.push(b'\n');
+        v
+    }
+
+    fn fixed_attr(&self, ino: u64, kind: FileType, perm: u16, size: u64) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: 0,
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind,
+            perm,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn fixed(&self, ino: u64) -> Option<FileAttr> {
+        Some(match ino {
+            CONTROL_DIR => self.fixed_attr(ino, FileType::Directory, 0o555, 0),
+            // World-writable so agents running as any user can take checkpoints.
+            CTL => self.fixed_attr(ino, FileType::RegularFile, 0o222, 0),
+            STATE_DIR_FILE => self.fixed_attr(
+                ino,
+                FileType::RegularFile,
+                0o444,
+                self.state_dir_contents().len() as u64,
+            ),
+            AT_DIR => self.fixed_attr(ino, FileType::Directory, 0o555, 0),
+            _ => return None,
+        })
+    }
+
+    pub fn control_dir_entry(&self) -> io::Result<Entry> {
+        Ok(Entry {
+            attr: self.fixed(CONTROL_DIR).ok_or_else(|| errno(libc::EIO))?,
+            ttl: CONTROL_TTL,
+        })
+    }
+
+    fn view_key(&self, ino: u64) -> io::Result<ViewKey> {
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        views
+            .by_ino
+            .get(&ino)
+            .map(|n| n.key.clone())
+            .ok_or_else(|| errno(libc::ESTALE))
+    }
+
+    fn view_inode(&self, key: ViewKey) -> u64 {
+        let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(&ino) = views.by_key.get(&key) {
+            if let Some(node) = views.by_ino.get_mut(&ino) {
+                node.lookups += 1;
+            }
+            return ino;
+        }
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        views.by_key.insert(key.clone(), ino);
+        views.by_ino.insert(ino, ViewNode { key, lookups: 1 });
+        ino
+    }
+
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+        let Some(node) = views.by_ino.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            let key = node.key.clone();
+            views.by_ino.remove(&ino);
+            views.by_key.remove(&key);
+        }
+    }
+
+    fn view_attr(&self, ino: u64, e: &ViewEntry) -> FileAttr {
+        let m = &e.meta;
+        let kind = file_type_of(m.kind);
+        FileAttr {
+            ino: INodeNo(ino),
+            size: m.size,
+            blocks: m.size.div_ceil(512),
+            atime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+            mtime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+            ctime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+            crtime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+            kind,
+            perm: (m.mode & 0o7777) as u16,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: m.uid,
+            gid: m.gid,
+            rdev: m.rdev.unwrap_or(0) as u32,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    pub fn lookup(&self, fs: &PassthroughFs, parent: u64, name: &OsStr) -> io::Result<Entry> {
+        let name = name.as_bytes();
+        match parent {
+            CONTROL_DIR => {
+                let ino = match name {
+                    b"ctl" => CTL,
+                    b"state-dir" => STATE_DIR_FILE,
+                    b"at" => AT_DIR,
+                    _ => return Err(errno(libc::ENOENT)),
+                };
+                self.fixed(ino)
+                    .map(|attr| Entry {
+                        attr,
+                        ttl: CONTROL_TTL,
+                    })
+                    .ok_or_else(|| errno(libc::EIO))
+            }
+            AT_DIR => {
+                let id = std::str::from_utf8(name).map_err(|_| errno(libc::ENOENT))?;
+                let checkpoint = fs
+                    .history()
+                    .checkpoint_index(id)
+                    .ok_or_else(|| errno(libc::ENOENT))?;
+                self.view_child(
+                    fs,
+                    ViewKey {
+                        checkpoint,
+                        rel: Vec::new(),
+                    },
+                )
+            }
+            CTL | STATE_DIR_FILE => Err(errno(libc::ENOTDIR)),
+            _ => {
+                let mut key = self.view_key(parent)?;
+                if !key.rel.is_empty() {
+                    key.rel.push(b'/');
+                }
+                key.rel.extend_from_slice(name);
+                self.view_child(fs, key)
+            }
+        }
+    }
+
+    fn view_child(&self, fs: &PassthroughFs, key: ViewKey) -> io::Result<Entry> {
+        let entry = fs
+            .history()
+            .view_entry(key.checkpoint, &key.rel)?
+            .ok_or_else(|| errno(libc::ENOENT))?;
+        let ino = self.view_inode(key);
+        Ok(Entry {
+            attr: self.view_attr(ino, &entry),
+            ttl: VIEW_TTL,
+        })
+    }
+
+    fn resolve(&self, fs: &PassthroughFs, ino: u64) -> io::Result<ViewEntry> {
+        let key = self.view_key(ino)?;
+        fs.history()
+            .view_entry(key.checkpoint, &key.rel)?
+            .ok_or_else(|| errno(libc::ENOENT))
+    }
+
+    pub fn getattr(&self, fs: &PassthroughFs, ino: u64) -> io::Result<(FileAttr, Duration)> {
+        if let Some(attr) = self.fixed(ino) {
+            return Ok((attr, CONTROL_TTL));
+        }
+        let entry = self.resolve(fs, ino)?;
+        Ok((self.view_attr(ino, &entry), VIEW_TTL))
+    }
+
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> io::Result<(FileAttr, Duration)> {
+        // `echo id > ctl` opens with O_TRUNC, which the kernel turns into a size-0 setattr.
+        if ino == CTL
+            && set.size.is_none_or(|s| s == 0)
+            && set.mode.is_none()
+            && set.uid.is_none()
+            && set.gid.is_none()
+        {
+            return Ok((
+                self.fixed(CTL).ok_or_else(|| errno(libc::EIO))?,
+                CONTROL_TTL,
+            ));
+        }
+        Err(errno(libc::EROFS))
+    }
+
+    pub fn readlink(&self, fs: &PassthroughFs, ino: u64) -> io::Result<Vec<u8>> {
+        let entry = self.resolve(fs, ino)?;
+        if entry.meta.kind != EntryKind::Symlink {
+            return Err(errno(libc::EINVAL));
+        }
+        fs.history().view_symlink_target(&entry)
+    }
+
+    fn insert_handle(&self, h: VirtualHandle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fh, Arc::new(h));
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> io::Result<Arc<VirtualHandle>> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| errno(libc::EBADF))
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh);
+    }
+
+    pub fn open(&self, fs: &PassthroughFs, ino: u64, flags: i32) -> io::Result<Opened> {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let handle = match ino {
+            CTL if flags & libc::O_ACCMODE == libc::O_WRONLY => VirtualHandle::Ctl,
+            CTL => return Err(errno(libc::EACCES)),
+            STATE_DIR_FILE if !writes => VirtualHandle::StateDir,
+            CONTROL_DIR | AT_DIR => return Err(errno(libc::EISDIR)),
+            _ if writes || flags & libc::O_TRUNC != 0 => return Err(errno(libc::EROFS)),
+            STATE_DIR_FILE => return Err(errno(libc::EACCES)),
+            _ => {
+                let entry = self.resolve(fs, ino)?;
+                match entry.meta.kind {
+                    EntryKind::File => VirtualHandle::ViewFile(fs.history().view_open(&entry)?),
+                    EntryKind::Dir => return Err(errno(libc::EISDIR)),
+                    // FIFOs, sockets and devices are shown but not opened from a view.
+                    _ => return Err(errno(libc::EACCES)),
+                }
+            }
+        };
+        let direct_io = !matches!(handle, VirtualHandle::ViewFile(_));
+        Ok(Opened {
+            fh: self.insert_handle(handle),
+            backing: None,
+            direct_io,
+            keep_cache: !direct_io,
+        })
+    }
+
+    pub fn read(
+        &self,
+        _fs: &PassthroughFs,
+        _ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        match &*self.handle(fh)? {
+            VirtualHandle::StateDir => {
+                let data = self.state_dir_contents();
+                let start = (offset as usize).min(data.len());
+                let end = (start + size as usize).min(data.len());
+                out.clear();
+                out.extend_from_slice(&data[start..end]);
+                Ok(())
+            }
+            VirtualHandle::ViewFile(file) => {
+                out.resize(size as usize, 0);
+                let mut filled = 0;
+                while filled < out.len() {
+                    let n = file.read_at(&mut out[filled..], offset + filled as u64)?;
+                    if n == 0 {
+                        break;
+                    }
+                    filled += n;
+                }
+                out.truncate(filled);
+                Ok(())
+            }
+            VirtualHandle::Ctl => Err(errno(libc::EBADF)),
+            VirtualHandle::Listing(_) => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    /// A write to `ctl`: each line is a checkpoint id. The write fails with the first
+    /// refused id's errno (EINVAL for a malformed id, EEXIST for a used one).
+    pub fn write(
+        &self,
+        fs: &PassthroughFs,
+        caller: &Caller,
+        ino: u64,
+        data: &[u8],
+    ) -> io::Result<u32> {
+        if ino != CTL {
+            return Err(errno(libc::EROFS));
+        }
+        let text = data.strip_suffix(b"\n").unwrap_or(data);
+        for line in text.split(|&b| b == b'\n') {
+            let id = match validate_id(line) {
+                Ok(id) => id,
+                Err(e) => {
+                    log::warn!("ctl: refused checkpoint id from {caller}: {e}");
+                    return Err(errno(libc::EINVAL));
+                }
+            };
+            fs.checkpoint(id)?;
+        }
+        Ok(data.len() as u32)
+    }
+
+    pub fn opendir(&self, fs: &PassthroughFs, ino: u64) -> io::Result<u64> {
+        let dir = FileType::Directory;
+        let file = FileType::RegularFile;
+        let listing = match ino {
+            CONTROL_DIR => vec![
+                (b"ctl".to_vec(), file),
+                (b"state-dir".to_vec(), file),
+                (b"at".to_vec(), dir),
+            ],
+            AT_DIR => fs
+                .history()
+                .checkpoint_ids()
+                .into_iter()
+                .map(|id| (id.into_bytes(), dir))
+                .collect(),
+            CTL | STATE_DIR_FILE => return Err(errno(libc::ENOTDIR)),
+            _ => {
+                let key = self.view_key(ino)?;
+                let entry = fs
+                    .history()
+                    .view_entry(key.checkpoint, &key.rel)?
+                    .ok_or_else(|| errno(libc::ENOENT))?;
+                if entry.meta.kind != EntryKind::Dir {
+                    return Err(errno(libc::ENOTDIR));
+                }
+                fs.history()
+                    .view_list(key.checkpoint, &key.rel)?
+                    .into_iter()
+                    .map(|(name, kind)| (name, file_type_of(kind)))
+                    .collect()
+            }
+        };
+        Ok(self.insert_handle(VirtualHandle::Listing(listing)))
+    }
+
+    fn listing(&self, fh: u64) -> io::Result<Arc<VirtualHandle>> {
+        let h = self.handle(fh)?;
+        match &*h {
+            VirtualHandle::Listing(_) => Ok(h),
+            _ => Err(errno(libc::ENOTDIR)),
+        }
+    }
+
+    /// Offsets: 1 = after ".", 2 = after "..", 2 + i + 1 = after listing entry i.
+    pub fn readdir(
+        &self,
+        _fs: &PassthroughFs,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        emit: &mut dyn FnMut(DirEntryOut<'_>) -> bool,
+    ) -> io::Result<()> {
+        let h = self.listing(fh)?;
+        let VirtualHandle::Listing(items) = &*h else {
+            return Err(errno(libc::ENOTDIR));
+        };
+        let dots: [(&[u8], FileType); 2] =
+            [(b".", FileType::Directory), (b"..", FileType::Directory)];
+        let mut pos = offset.max(0) as usize;
+        while pos < 2 + items.len() {
+            let (name, kind) = if pos < 2 {
+                dots[pos]
+            } else {
+                let (n, k) = &items[pos - 2];
+                (n.as_slice(), *k)
+            };
+            // Readdir inode numbers are informational; lookups give the real ones.
+            let full = emit(DirEntryOut {
+                ino: ino & !VIRTUAL_BIT,
+                offset: (pos + 1) as i64,
+                kind,
+                name,
+            });
+            if full {
+                break;
+            }
+            pos += 1;
+        }
+        Ok(())
+    }
+
+    pub fn readdirplus(
+        &self,
+        fs: &PassthroughFs,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        emit: &mut dyn FnMut(DirEntryOut<'_>, Option<&Entry>) -> bool,
+    ) -> io::Result<()> {
+        let h = self.listing(fh)?;
+        let VirtualHandle::Listing(items) = &*h else {
+            return Err(errno(libc::ENOTDIR));
+        };
+        let mut pos = offset.max(0) as usize;
+        while pos < 2 + items.len() {
+            if pos < 2 {
+                let name: &[u8] = if pos == 0 { b"." } else { b".." };
+                let out = DirEntryOut {
+                    ino: ino & !VIRTUAL_BIT,
+                    offset: (pos + 1) as i64,
+                    kind: FileType::Directory,
+                    name,
+                };
+                if emit(out, None) {
+                    break;
+                }
+                pos += 1;
+                continue;
+            }
+            let (name, kind) = &items[pos - 2];
+            let entry = match self.lookup(fs, ino, OsStr::from_bytes(name)) {
+                Ok(e) => e,
+                Err(_) => {
+                    pos += 1;
+                    continue;
+                }
+            };
+            let out = DirEntryOut {
+                ino: entry.attr.ino.0,
+                offset: (pos + 1) as i64,
+                kind: *kind,
+                name,
+            };
+            if emit(out, Some(&entry)) {
+                self.forget(entry.attr.ino.0, 1);
+                break;
+            }
+            pos += 1;
+        }
+        Ok(())
+    }
+
+    pub fn access(&self, ino: u64, mask: i32) -> io::Result<()> {
+        if mask & libc::W_OK != 0 && ino != CTL {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
+    }
+}
+
+pub fn file_type_of(kind: EntryKind) -> FileType {
+    match kind {
+        EntryKind::File => FileType::RegularFile,
+        EntryKind::Dir => FileType::Directory,
+        EntryKind::Symlink => FileType::Symlink,
+        EntryKind::Fifo => FileType::NamedPipe,
+        EntryKind::Socket => FileType::Socket,
+        EntryKind::CharDevice => FileType::CharDevice,
+        EntryKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+/// `ViewContent` is re-exported for the history's callers.
+pub type Content = ViewContent;

@@ -1,0 +1,766 @@
+//! Layer 1 (back up before the first change) and Layer 2 (checkpoints), plus replay.
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::SystemTime;
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use log::{debug, info, warn};
+
+use super::store::Store;
+use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
+use crate::fs::sys;
+use crate::transcript::journal::Journal;
+use crate::transcript::record::{
+    Actor, EntryKind, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, Snapshot, TrackedFileBackup,
+    rfc3339,
+};
+use crate::transcript::replay::{read_transcript, truncate_torn_tail};
+use crate::transcript::writer::TranscriptWriter;
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+/// Builds the exclusion matcher. A pattern without `/` matches a name at any depth (like
+/// `.gitignore`); one with `/` is anchored at the mount root. Either way, everything below a
+/// matched directory is excluded too.
+pub fn build_excludes(patterns: &[String]) -> io::Result<GlobSet> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        let p = p.trim_end_matches('/');
+        let anchored = p.trim_start_matches('/');
+        let bases: Vec<String> = if p.contains('/') {
+            vec![anchored.to_string()]
+        } else {
+            vec![anchored.to_string(), format!("**/{anchored}")]
+        };
+        for base in bases {
+            for g in [base.clone(), format!("{base}/**")] {
+                let glob = GlobBuilder::new(&g)
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!("bad --exclude pattern '{p}': {e}"),
+                        )
+                    })?;
+                b.add(glob);
+            }
+        }
+    }
+    b.build()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+}
+
+/// Opens the history in `cfg.state_dir`, replaying the transcript and the store journal.
+pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
+    let src_c = CString::new(cfg.source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+    // SAFETY: valid C string; the fd is owned below.
+    let raw = unsafe {
+        libc::open(
+            src_c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    let source_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+    let store = Store::open(&cfg.state_dir.join("backups"))?;
+    let transcript_path = cfg.state_dir.join("transcript.jsonl");
+    let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
+
+    let outcome = read_transcript(&transcript_path).map_err(to_io)?;
+    if let Some(line) = outcome.dropped_torn_line {
+        warn!(
+            "transcript {}: dropped a torn last line ({line}), left by a crash during an append",
+            transcript_path.display()
+        );
+    }
+    // Leaves the file ending on a line boundary, which the writer requires.
+    truncate_torn_tail(&transcript_path, &outcome)?;
+    let last_seq = outcome.records.last().map_or(0, |r| r.seq);
+    let journal_tail = Journal::read_after(&journal_path, last_seq).map_err(to_io)?;
+
+    let mut state = State::default();
+    for r in &outcome.records {
+        apply_record(&mut state, r);
+    }
+    for r in &journal_tail {
+        apply_record(&mut state, r);
+    }
+    state.next_seq = journal_tail
+        .last()
+        .map_or(last_seq, |r| r.seq)
+        .max(last_seq)
+        + 1;
+    info!(
+        "replayed {} transcript records and {} journal records: {} checkpoints, {} tracked paths",
+        outcome.records.len(),
+        journal_tail.len(),
+        state.checkpoints.len(),
+        state.paths.len()
+    );
+
+    let journal = Arc::new(Journal::open(&journal_path)?);
+    let transcript = TranscriptWriter::start(&transcript_path)?;
+    {
+        // Once the transcript holds everything the journal does, the journal can go.
+        let journal = journal.clone();
+        transcript.set_on_durable(Box::new(move |seq| {
+            if let Err(e) = journal.truncate_if_covered(seq) {
+                warn!("truncating the store journal: {e}");
+            }
+        }));
+    }
+    // Records that reached only the journal before a crash belong in the transcript too.
+    for r in journal_tail {
+        transcript.append(r);
+    }
+
+    let pending: VecDeque<(String, u32)> = state
+        .paths
+        .iter()
+        .filter(|(_, h)| h.latest_is_pending())
+        .map(|(p, h)| (p.clone(), h.versions.len() as u32))
+        .collect();
+
+    let history = Arc::new(History {
+        source: cfg.source,
+        source_fd,
+        state_dir: cfg.state_dir,
+        store,
+        journal,
+        transcript,
+        excludes: build_excludes(&cfg.excludes)?,
+        exclude_patterns: cfg.excludes,
+        state: Mutex::new(state),
+        busy_cond: Condvar::new(),
+        pending: Mutex::new(pending),
+        pending_cond: Condvar::new(),
+        stopping: Default::default(),
+    });
+    Ok(history)
+}
+
+fn to_io(e: crate::transcript::replay::ReplayError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
+    let kind = match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => EntryKind::File,
+        libc::S_IFDIR => EntryKind::Dir,
+        libc::S_IFLNK => EntryKind::Symlink,
+        libc::S_IFIFO => EntryKind::Fifo,
+        libc::S_IFSOCK => EntryKind::Socket,
+        libc::S_IFCHR => EntryKind::CharDevice,
+        libc::S_IFBLK => EntryKind::BlockDevice,
+        _ => return None,
+    };
+    let is_dev = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice);
+    Some(EntryMeta {
+        kind,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: if kind == EntryKind::Dir {
+            0
+        } else {
+            st.st_size as u64
+        },
+        mtime_sec: st.st_mtime,
+        mtime_nsec: st.st_mtime_nsec as u32,
+        rdev: is_dev.then_some(st.st_rdev),
+    })
+}
+
+/// Applies one record to the in-memory state (replay and live use share this, so what is
+/// recorded is exactly what is replayed).
+pub(crate) fn apply_record(state: &mut State, r: &Record) {
+    if r.record_type != FILE_HISTORY_SNAPSHOT {
+        return;
+    }
+    state.next_seq = state.next_seq.max(r.seq + 1);
+    if !r.is_snapshot_update {
+        let Some(id) = r.message_id.clone() else {
+            return;
+        };
+        if state.checkpoint_ids.contains_key(&id) {
+            return;
+        }
+        let k = state.checkpoints.len();
+        let time =
+            humantime::parse_rfc3339(&r.snapshot.timestamp).unwrap_or(SystemTime::UNIX_EPOCH);
+        state.checkpoints.push(Checkpoint {
+            id: id.clone(),
+            time,
+        });
+        state.checkpoint_ids.insert(id, k);
+        for h in state.paths.values_mut() {
+            h.dirty = false;
+        }
+        for (path, b) in &r.snapshot.tracked_file_backups {
+            let new_path = !state.paths.contains_key(path);
+            let h = state.paths.entry(path.clone()).or_default();
+            if b.version as usize == h.versions.len() + 1 {
+                h.versions.push(Version {
+                    since: Some(k),
+                    state: state_of(b),
+                    time: parse_time(&b.backup_time),
+                });
+            }
+            if new_path {
+                state.track_child(path);
+            }
+        }
+        return;
+    }
+    for (path, b) in &r.snapshot.tracked_file_backups {
+        let new_path = !state.paths.contains_key(path);
+        let h = state.paths.entry(path.clone()).or_default();
+        let v = b.version as usize;
+        if v == h.versions.len() + 1 {
+            h.versions.push(Version {
+                since: None,
+                state: state_of(b),
+                time: parse_time(&b.backup_time),
+            });
+        } else if v >= 1
+            && v <= h.versions.len()
+            && h.versions[v - 1].state == VersionState::Pending
+        {
+            h.versions[v - 1].state = state_of(b);
+        }
+        if !b.fill {
+            h.dirty = true;
+        }
+        if new_path {
+            state.track_child(path);
+        }
+    }
+}
+
+fn parse_time(s: &str) -> SystemTime {
+    humantime::parse_rfc3339(s).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+fn state_of(b: &TrackedFileBackup) -> VersionState {
+    if b.pending {
+        return VersionState::Pending;
+    }
+    match &b.meta {
+        None => VersionState::Absent,
+        Some(meta) => VersionState::Present {
+            meta: meta.clone(),
+            object: b.backup_file_name.clone(),
+        },
+    }
+}
+
+fn backup_of(version: u32, v: &Version, actor: Option<Actor>, fill: bool) -> TrackedFileBackup {
+    let (name, meta, pending) = match &v.state {
+        VersionState::Pending => (None, None, true),
+        VersionState::Absent => (None, None, false),
+        VersionState::Present { meta, object } => (object.clone(), Some(meta.clone()), false),
+    };
+    TrackedFileBackup {
+        backup_file_name: name,
+        version,
+        backup_time: rfc3339(v.time),
+        meta,
+        pending,
+        actor,
+        fill,
+    }
+}
+
+fn comm_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+/// What Layer 1 must do for a path before it changes.
+enum Need {
+    Nothing,
+    /// Tracked, its state at the last checkpoint is stored: just note it changed again.
+    MarkDirty,
+    /// Copy the current state as a new v1 (untracked) or into the pending latest version.
+    Capture,
+}
+
+impl History {
+    /// Layer 1: called by the gate before `rel` changes. Returns once the pre-image is
+    /// durable (or known to be stored already); an error must fail the change.
+    pub fn before_change(&self, caller: &Caller, rel: &[u8]) -> io::Result<()> {
+        let Some(rel) = rel_key(rel) else {
+            warn!(
+                "not tracking a path that is not UTF-8: {:?}",
+                String::from_utf8_lossy(rel)
+            );
+            return Ok(());
+        };
+        if self.is_excluded(rel) {
+            return Ok(());
+        }
+        self.track(rel, Some(caller), false)
+    }
+
+    /// Layer 1 for a rename: both names, and for a directory every path below it at its old
+    /// and its new place (a directory rename moves its whole subtree).
+    pub fn before_rename(
+        &self,
+        caller: &Caller,
+        from: &[u8],
+        to: &[u8],
+        exchange: bool,
+    ) -> io::Result<()> {
+        let (Some(from), Some(to)) = (rel_key(from), rel_key(to)) else {
+            warn!("not tracking a rename involving a non-UTF-8 path");
+            return Ok(());
+        };
+        self.before_change(caller, from.as_bytes())?;
+        self.before_change(caller, to.as_bytes())?;
+        self.track_subtree_move(caller, from, to)?;
+        if exchange {
+            self.track_subtree_move(caller, to, from)?;
+        }
+        Ok(())
+    }
+
+    fn track_subtree_move(&self, caller: &Caller, from: &str, to: &str) -> io::Result<()> {
+        let mut stack = vec![String::new()];
+        while let Some(sub) = stack.pop() {
+            let dir = if sub.is_empty() {
+                from.to_string()
+            } else {
+                format!("{from}/{sub}")
+            };
+            let entries = match std::fs::read_dir(self.source.join(&dir)) {
+                Ok(e) => e,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ENOENT)) => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else {
+                    warn!("not tracking a path that is not UTF-8 under {dir}");
+                    continue;
+                };
+                let child = if sub.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{sub}/{name}")
+                };
+                self.before_change(caller, format!("{from}/{child}").as_bytes())?;
+                self.before_change(caller, format!("{to}/{child}").as_bytes())?;
+                if entry.file_type()?.is_dir() {
+                    stack.push(child);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The common path of Layer 1 (caller = Some) and the background copier (fill).
+    fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
+        let mut st = self.lock();
+        loop {
+            if st.busy.contains(rel) {
+                st = self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            let need = match st.paths.get(rel) {
+                None if fill => Need::Nothing,
+                None => Need::Capture,
+                Some(h) if h.latest_is_pending() => Need::Capture,
+                Some(_) if fill => Need::Nothing,
+                Some(h) if h.dirty => Need::Nothing,
+                Some(_) => Need::MarkDirty,
+            };
+            match need {
+                Need::Nothing => return Ok(()),
+                Need::MarkDirty => {
+                    let h = st.paths.get_mut(rel).ok_or_else(|| errno(libc::EIO))?;
+                    h.dirty = true;
+                    let n = h.versions.len() as u32;
+                    let v = h.versions[n as usize - 1].clone();
+                    let actor = caller.map(|c| self.actor(c));
+                    debug!("layer 1: {rel} changes again (v{n} already stored)");
+                    return self.emit_layer1(&mut st, rel, n, &v, actor, false, false);
+                }
+                Need::Capture => {
+                    st.busy.insert(rel.to_string());
+                    drop(st);
+                    let captured = self.capture(rel);
+                    st = self.lock();
+                    st.busy.remove(rel);
+                    self.busy_cond.notify_all();
+                    let (state, fresh_content) = captured?;
+                    let time = SystemTime::now();
+                    let new_path = !st.paths.contains_key(rel);
+                    let h = st.paths.entry(rel.to_string()).or_default();
+                    let version = if h.latest_is_pending() {
+                        let last = h.versions.len() - 1;
+                        h.versions[last].state = state;
+                        h.versions[last].time = time;
+                        h.versions.len()
+                    } else {
+                        h.versions.push(Version {
+                            since: None,
+                            state,
+                            time,
+                        });
+                        h.versions.len()
+                    };
+                    if !fill {
+                        h.dirty = true;
+                    }
+                    let v = h.versions[version - 1].clone();
+                    if new_path {
+                        st.track_child(rel);
+                    }
+                    let actor = caller.map(|c| self.actor(c));
+                    debug!("layer 1: backed up {rel} as v{version}");
+                    return self.emit_layer1(
+                        &mut st,
+                        rel,
+                        version as u32,
+                        &v,
+                        actor,
+                        fill,
+                        fresh_content,
+                    );
+                }
+            }
+        }
+    }
+
+    fn actor(&self, c: &Caller) -> Actor {
+        Actor {
+            pid: c.pid,
+            uid: c.uid,
+            comm: comm_of(c.pid),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit_layer1(
+        &self,
+        st: &mut State,
+        rel: &str,
+        version: u32,
+        v: &Version,
+        actor: Option<Actor>,
+        fill: bool,
+        sync: bool,
+    ) -> io::Result<()> {
+        let mut backups = BTreeMap::new();
+        backups.insert(rel.to_string(), backup_of(version, v, actor, fill));
+        let message = st.current_message();
+        let record = Record {
+            record_type: FILE_HISTORY_SNAPSHOT.to_string(),
+            message_id: message.clone(),
+            snapshot: Snapshot {
+                message_id: message,
+                tracked_file_backups: backups,
+                timestamp: rfc3339(SystemTime::now()),
+            },
+            is_snapshot_update: true,
+            seq: st.next_seq,
+        };
+        st.next_seq += 1;
+        // The journal is what makes the record survive a daemon crash; if it cannot be
+        // written, the change must not go ahead.
+        self.journal.append(&record, sync)?;
+        self.transcript.append(record);
+        Ok(())
+    }
+
+    /// Opens `rel` beneath SRC without following any symlink (not even in the middle).
+    pub(crate) fn open_beneath(&self, rel: &str) -> io::Result<OwnedFd> {
+        let path = if rel.is_empty() { "." } else { rel };
+        let c = CString::new(path).map_err(|_| errno(libc::EINVAL))?;
+        // SAFETY: open_how is plain data; all-zero is its documented default.
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
+        how.resolve =
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+        // SAFETY: valid fd, C string and open_how of the right size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                self.source_fd.as_raw_fd(),
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh fd.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+
+    /// The current state of `rel` in SRC, content copied into the store. The bool says
+    /// whether the store was written (so the record must be synced with it).
+    pub(crate) fn capture(&self, rel: &str) -> io::Result<(VersionState, bool)> {
+        let fd = match self.open_beneath(rel) {
+            Ok(fd) => fd,
+            // ENOTDIR: a parent is now a file; ELOOP: a parent is a symlink — either way
+            // nothing exists at this path in the tree.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
+                return Ok((VersionState::Absent, false));
+            }
+            Err(e) => return Err(e),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        let Some(mut meta) = meta_of(&st) else {
+            return Ok((VersionState::Absent, false));
+        };
+        let object = match meta.kind {
+            EntryKind::File => {
+                let file = File::from(
+                    sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY | libc::O_NOATIME)
+                        .or_else(|_| sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY))?,
+                );
+                let obj = self.store.put_file(&file)?;
+                meta.size = obj.size;
+                Some(obj.name)
+            }
+            EntryKind::Symlink => {
+                let target = sys::readlinkat(fd.as_fd(), sys::EMPTY)?;
+                let obj = self.store.put_bytes(&target)?;
+                Some(obj.name)
+            }
+            _ => None,
+        };
+        let wrote = object.is_some();
+        Ok((VersionState::Present { meta, object }, wrote))
+    }
+
+    /// Layer 2: takes checkpoint `id`. The gate calls this with every mutation excluded and
+    /// the paths of files open for writing.
+    pub fn make_checkpoint(&self, id: &str, open_for_write: &[Vec<u8>]) -> io::Result<()> {
+        let open: HashSet<&str> = open_for_write.iter().filter_map(|p| rel_key(p)).collect();
+        let mut st = self.lock();
+        if st.checkpoint_ids.contains_key(id) {
+            return Err(errno(libc::EEXIST));
+        }
+        // Wait for in-flight copies (the copier may be filling a path we need).
+        while !st.busy.is_empty() {
+            st = self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let k = st.checkpoints.len();
+        let now = SystemTime::now();
+        let dirty: Vec<String> = st
+            .paths
+            .iter()
+            .filter(|(_, h)| h.dirty)
+            .map(|(p, _)| p.clone())
+            .collect();
+        // New versions, computed before touching the state so that a failed copy (ENOSPC)
+        // leaves no half-made checkpoint behind.
+        let mut new_versions: Vec<(String, VersionState, bool)> = Vec::with_capacity(dirty.len());
+        for path in &dirty {
+            let still_open = open.contains(path.as_str());
+            let state = if still_open {
+                self.capture(path)?.0
+            } else {
+                self.capture_cheap(path)?
+            };
+            new_versions.push((path.clone(), state, still_open));
+        }
+        // Files open for writing that were not dirty cannot exist (the open marked them),
+        // except across a remount; treat them the same.
+        st.checkpoints.push(Checkpoint {
+            id: id.to_string(),
+            time: now,
+        });
+        st.checkpoint_ids.insert(id.to_string(), k);
+        for h in st.paths.values_mut() {
+            h.dirty = false;
+        }
+        let mut delta = BTreeMap::new();
+        let mut continuing = Vec::new();
+        let mut to_fill = Vec::new();
+        for (path, state, still_open) in new_versions {
+            let h = st.paths.get_mut(&path).ok_or_else(|| errno(libc::EIO))?;
+            let pending = state == VersionState::Pending;
+            h.versions.push(Version {
+                since: Some(k),
+                state,
+                time: now,
+            });
+            let n = h.versions.len() as u32;
+            delta.insert(
+                path.clone(),
+                backup_of(n, &h.versions[n as usize - 1], None, false),
+            );
+            if pending {
+                to_fill.push((path.clone(), n));
+            }
+            if still_open {
+                h.dirty = true;
+                continuing.push((path, n));
+            }
+        }
+        let full: BTreeMap<String, TrackedFileBackup> = st
+            .paths
+            .iter()
+            .map(|(p, h)| {
+                let n = h.version_at(k);
+                (
+                    p.clone(),
+                    backup_of(n as u32, &h.versions[n - 1], None, false),
+                )
+            })
+            .collect();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let make = |backups| Record {
+            record_type: FILE_HISTORY_SNAPSHOT.to_string(),
+            message_id: Some(id.to_string()),
+            snapshot: Snapshot {
+                message_id: Some(id.to_string()),
+                tracked_file_backups: backups,
+                timestamp: rfc3339(now),
+            },
+            is_snapshot_update: false,
+            seq,
+        };
+        // The journal gets only the new versions (replay needs nothing else); the transcript
+        // the full map, as the format promises.
+        self.journal.append(&make(delta), false)?;
+        self.transcript.append(make(full));
+        for (path, n) in continuing {
+            let v = st.paths[&path].versions[n as usize - 1].clone();
+            self.emit_layer1(&mut st, &path, n, &v, None, false, false)?;
+        }
+        self.journal.sync()?;
+        drop(st);
+        if !to_fill.is_empty() {
+            let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            q.extend(to_fill);
+            self.pending_cond.notify_all();
+        }
+        Ok(())
+    }
+
+    /// The state of `path` at a checkpoint, without copying file data: regular files become
+    /// pending (filled later), everything else is recorded at once.
+    fn capture_cheap(&self, rel: &str) -> io::Result<VersionState> {
+        let fd = match self.open_beneath(rel) {
+            Ok(fd) => fd,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
+                return Ok(VersionState::Absent);
+            }
+            Err(e) => return Err(e),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            return Ok(VersionState::Pending);
+        }
+        drop(fd);
+        Ok(self.capture(rel)?.0)
+    }
+
+    /// Fills a pending version now if `rel` has one (used before reading it in a view).
+    pub(crate) fn fill_if_pending(&self, rel: &str) -> io::Result<()> {
+        self.track(rel, None, true)
+    }
+
+    /// The background copier: fills pending versions until `shutdown`.
+    pub fn run_copier(self: &Arc<Self>) {
+        loop {
+            let next = {
+                let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(item) = q.pop_front() {
+                        break Some(item);
+                    }
+                    if self.stopping.load(Ordering::Relaxed) {
+                        break None;
+                    }
+                    q = self.pending_cond.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let Some((path, _version)) = next else {
+                return;
+            };
+            if let Err(e) = self.track(&path, None, true) {
+                // The gate will copy it before the path changes, so nothing is lost; the
+                // view falls back to the same copy-on-read.
+                warn!(
+                    "background copy of {path} failed: {e}; it will be copied on its next change"
+                );
+            }
+        }
+    }
+
+    /// Stops the copier after the queue is drained, then flushes journal and transcript.
+    pub fn shutdown(&self) -> io::Result<()> {
+        self.stopping.store(true, Ordering::Relaxed);
+        self.pending_cond.notify_all();
+        self.journal.sync()?;
+        self.transcript.flush()?;
+        Ok(())
+    }
+
+    /// Number of pending versions still to copy (for status and tests).
+    pub fn pending_copies(&self) -> usize {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excludes_match_names_at_any_depth_and_anchor_paths_with_slashes() {
+        let g = build_excludes(&["target".into(), "*.o".into(), "build/out".into()]).unwrap();
+        assert!(g.is_match("target"));
+        assert!(g.is_match("target/debug/x"));
+        assert!(g.is_match("sub/target/x"));
+        assert!(g.is_match("a.o"));
+        assert!(g.is_match("src/a.o"));
+        assert!(g.is_match("build/out/x"));
+        assert!(!g.is_match("sub/build/out"));
+        assert!(!g.is_match("targets"));
+        assert!(!g.is_match("src/main.rs"));
+    }
+
+    #[test]
+    fn bad_exclude_pattern_is_a_clear_error() {
+        let err = build_excludes(&["a[".into()]).unwrap_err();
+        assert!(
+            err.to_string().contains("bad --exclude pattern 'a['"),
+            "{err}"
+        );
+    }
+}

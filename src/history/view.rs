@@ -1,0 +1,212 @@
+//! Reading the tree as it was at a checkpoint (the `.checkpoint/at/<id>/` views, diff and
+//! rewind all use this).
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use super::{History, VersionState};
+use crate::fs::CONTROL_DIR_NAME;
+use crate::fs::sys;
+use crate::transcript::record::{EntryKind, EntryMeta};
+
+/// Where a view entry's content comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ViewContent {
+    /// Directories and special files.
+    None,
+    /// A store object (file content or symlink target).
+    Object(String),
+    /// The path in SRC, unchanged since the mount.
+    Live(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewEntry {
+    pub meta: EntryMeta,
+    pub content: ViewContent,
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+impl History {
+    /// `rel` (relative to the mount root, "" for the root) at checkpoint `k`, or `None` when
+    /// it did not exist then.
+    pub fn view_entry(&self, k: usize, rel: &[u8]) -> io::Result<Option<ViewEntry>> {
+        let Some(rel) = super::rel_key(rel) else {
+            return self.live_entry_bytes(rel);
+        };
+        if rel.split('/').next().map(str::as_bytes) == Some(CONTROL_DIR_NAME) {
+            return Ok(None);
+        }
+        loop {
+            let st = self.lock();
+            let Some(h) = st.paths.get(rel) else {
+                drop(st);
+                return self.live_entry(rel);
+            };
+            let v = &h.versions[h.version_at(k) - 1];
+            match &v.state {
+                VersionState::Absent => return Ok(None),
+                VersionState::Present { meta, object } => {
+                    return Ok(Some(ViewEntry {
+                        meta: meta.clone(),
+                        content: object
+                            .clone()
+                            .map_or(ViewContent::None, ViewContent::Object),
+                    }));
+                }
+                // Unchanged since that checkpoint: copy it now so the view can never see a
+                // later change, then look again.
+                VersionState::Pending => {
+                    drop(st);
+                    self.fill_if_pending(rel)?;
+                }
+            }
+        }
+    }
+
+    fn live_entry(&self, rel: &str) -> io::Result<Option<ViewEntry>> {
+        self.live_entry_bytes(rel.as_bytes())
+    }
+
+    fn live_entry_bytes(&self, rel: &[u8]) -> io::Result<Option<ViewEntry>> {
+        let rel_s = String::from_utf8_lossy(rel);
+        let fd = match self.open_beneath_bytes(rel) {
+            Ok(fd) => fd,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        let Some(meta) = super::track::meta_of(&st) else {
+            return Ok(None);
+        };
+        let content = match meta.kind {
+            EntryKind::File | EntryKind::Symlink => {
+                ViewContent::Live(self.source().join(rel_s.as_ref()))
+            }
+            _ => ViewContent::None,
+        };
+        Ok(Some(ViewEntry { meta, content }))
+    }
+
+    fn open_beneath_bytes(&self, rel: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
+        let s = std::str::from_utf8(rel).map_err(|_| errno(libc::ENOENT))?;
+        self.open_beneath(s)
+    }
+
+    /// Names and kinds in directory `rel` at checkpoint `k`, sorted by name.
+    pub fn view_list(&self, k: usize, rel: &[u8]) -> io::Result<Vec<(Vec<u8>, EntryKind)>> {
+        let rel_s = super::rel_key(rel).ok_or_else(|| errno(libc::ENOENT))?;
+        let mut out: BTreeMap<Vec<u8>, EntryKind> = BTreeMap::new();
+        let tracked: Vec<String> = self
+            .lock()
+            .children
+            .get(rel_s)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        // Untracked entries are unchanged since the mount, so they exist at every checkpoint.
+        if let Ok(fd) = self.open_beneath(rel_s) {
+            let dir_st = sys::fstat(fd.as_fd())?;
+            if dir_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                let mut stream = sys::DirStream::open(fd.as_fd())?;
+                while let Some(e) = stream.next_entry()? {
+                    if e.name == b"." || e.name == b".." {
+                        continue;
+                    }
+                    if rel_s.is_empty() && e.name == CONTROL_DIR_NAME {
+                        continue;
+                    }
+                    let name = e.name.to_vec();
+                    if let Ok(n) = std::str::from_utf8(&name)
+                        && tracked.binary_search_by(|t| t.as_str().cmp(n)).is_ok()
+                    {
+                        continue;
+                    }
+                    let child = join(rel_s, &name);
+                    let kind = match e.d_type {
+                        libc::DT_DIR => EntryKind::Dir,
+                        libc::DT_LNK => EntryKind::Symlink,
+                        libc::DT_FIFO => EntryKind::Fifo,
+                        libc::DT_SOCK => EntryKind::Socket,
+                        libc::DT_CHR => EntryKind::CharDevice,
+                        libc::DT_BLK => EntryKind::BlockDevice,
+                        libc::DT_REG => EntryKind::File,
+                        _ => match self.view_entry(k, &child)? {
+                            Some(e) => e.meta.kind,
+                            None => continue,
+                        },
+                    };
+                    out.insert(name, kind);
+                }
+            }
+        }
+        for name in tracked {
+            let child = join(rel_s, name.as_bytes());
+            if let Some(e) = self.view_entry(k, &child)? {
+                out.insert(name.into_bytes(), e.meta.kind);
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Opens a view file for reading.
+    pub fn view_open(&self, e: &ViewEntry) -> io::Result<File> {
+        match &e.content {
+            ViewContent::Object(name) => self.store().open_object(name),
+            ViewContent::Live(path) => {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(path)
+            }
+            ViewContent::None => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    pub fn view_symlink_target(&self, e: &ViewEntry) -> io::Result<Vec<u8>> {
+        match &e.content {
+            ViewContent::Object(name) => self.store().read_object(name),
+            ViewContent::Live(path) => {
+                use std::os::unix::ffi::OsStrExt;
+                Ok(std::fs::read_link(path)?.as_os_str().as_bytes().to_vec())
+            }
+            ViewContent::None => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    /// Reads a view entry's whole content (files and symlink targets).
+    pub fn view_read_all(&self, e: &ViewEntry) -> io::Result<Vec<u8>> {
+        match e.meta.kind {
+            EntryKind::Symlink => self.view_symlink_target(e),
+            EntryKind::File => {
+                let mut f = self.view_open(e)?;
+                let mut buf = Vec::new();
+                io::Read::read_to_end(&mut f, &mut buf)?;
+                Ok(buf)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+pub(crate) fn join(parent: &str, name: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(parent.len() + 1 + name.len());
+    if !parent.is_empty() {
+        v.extend_from_slice(parent.as_bytes());
+        v.push(b'/');
+    }
+    v.extend_from_slice(name);
+    v
+}
