@@ -34,11 +34,19 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // Signals go to one thread that turns them into an unmount; block them everywhere else
     // (the mask is inherited by every thread spawned from here on).
     let signals = block_termination_signals()?;
+    // The kernel has applied the caller's umask to every mode it sends; ours must not be
+    // applied a second time.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+    std::fs::write(
+        cfg.state_dir.join("source"),
+        format!("{}\n", cfg.source.display()),
+    )?;
 
     let root = open_dir_path(&cfg.source)?;
     if cfg
         .source
-        .join(OsStr(CONTROL_DIR_NAME))
+        .join(std::ffi::OsStr::from_bytes(CONTROL_DIR_NAME))
         .symlink_metadata()
         .is_ok()
     {
@@ -69,18 +77,29 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let control = crate::control::start_server(fs.clone(), &cfg)?;
 
     let mut options = Config::default();
-    options.mount_options = vec![
-        MountOption::FSName(cfg.source.to_string_lossy().into_owned()),
-        MountOption::Subtype("checkpointfs".into()),
-        MountOption::DefaultPermissions,
-    ];
-    if cfg.allow_other {
-        options.acl = SessionACL::All;
-    }
     options.n_threads = Some(cfg.threads.max(1));
     options.clone_fd = true;
-
-    let mut session = Session::new(FuseAdapter::new(fs.clone()), &cfg.mountpoint, &options)?;
+    let acl = if cfg.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    options.acl = acl;
+    let adapter = FuseAdapter::new(fs.clone());
+    // As root, mount ourselves so the type reads `fuse.checkpointfs` (fuser's own mount says
+    // plain `fuse`); otherwise let fuser go through fusermount3.
+    // SAFETY: geteuid has no preconditions.
+    let session = if unsafe { libc::geteuid() } == 0 {
+        let dev = mount_fuse(&cfg)?;
+        Session::from_fd(adapter, dev, acl, options)?
+    } else {
+        options.mount_options = vec![
+            MountOption::FSName(cfg.source.to_string_lossy().into_owned()),
+            MountOption::Subtype("checkpointfs".into()),
+            MountOption::DefaultPermissions,
+        ];
+        Session::new(adapter, &cfg.mountpoint, &options)?
+    };
     info!(
         "mounted {} at {} (state {}, {} threads)",
         cfg.source.display(),
@@ -89,13 +108,16 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         cfg.threads
     );
     let mountpoint = cfg.mountpoint.clone();
-    let _unmounter = session.unmount_callable();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || wait_for_signal_then_unmount(signals, &mountpoint))?;
     on_ready();
 
     let served = session.run();
+    // If the session ended on an error (not an unmount), do not leave a dead mount behind.
+    if served.is_err() {
+        let _ = lazy_unmount(&cfg.mountpoint);
+    }
     info!("unmounted; flushing history");
     control.stop();
     history.shutdown()?;
@@ -106,9 +128,50 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     served
 }
 
-#[allow(non_snake_case)]
-fn OsStr(b: &[u8]) -> &std::ffi::OsStr {
-    std::ffi::OsStr::from_bytes(b)
+/// Opens /dev/fuse and mounts it at the mount point as `fuse.checkpointfs`, with
+/// `default_permissions` (the kernel checks permissions as on the underlying filesystem).
+fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot open /dev/fuse: {e}")))?;
+    let dev = OwnedFd::from(dev);
+    let root_mode = std::fs::metadata(&cfg.source)?.mode() & libc::S_IFMT;
+    let mut opts = format!(
+        "fd={},rootmode={:o},user_id=0,group_id=0,default_permissions",
+        std::os::fd::AsRawFd::as_raw_fd(&dev),
+        root_mode
+    );
+    if cfg.allow_other {
+        opts.push_str(",allow_other");
+    }
+    let c = |s: &[u8]| {
+        std::ffi::CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    };
+    let source = c(cfg.source.as_os_str().as_bytes())?;
+    let target = c(cfg.mountpoint.as_os_str().as_bytes())?;
+    let fstype = c(b"fuse.checkpointfs")?;
+    let data = c(opts.as_bytes())?;
+    // SAFETY: valid C strings.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("mount of {} failed: {e}", cfg.mountpoint.display()),
+        ));
+    }
+    Ok(dev)
 }
 
 fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
@@ -155,15 +218,32 @@ fn wait_for_signal_then_unmount(set: libc::sigset_t, mountpoint: &std::path::Pat
         return;
     }
     info!("signal {sig}: unmounting {}", mountpoint.display());
-    let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
-        return;
-    };
-    // SAFETY: valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+    if let Err(e) = lazy_unmount(mountpoint) {
         warn!(
-            "unmounting {} after signal {sig} failed: {}",
-            mountpoint.display(),
-            io::Error::last_os_error()
+            "unmounting {} after signal {sig} failed: {e}",
+            mountpoint.display()
         );
+    }
+}
+
+/// Detaches the mount (EINVAL: it is not mounted any more, which is fine). As non-root,
+/// fusermount3 does it for us.
+fn lazy_unmount(mountpoint: &std::path::Path) -> io::Result<()> {
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()),
+        Some(libc::EPERM) => std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(mountpoint)
+            .status()
+            .map(|_| ()),
+        _ => Err(e),
     }
 }

@@ -172,14 +172,21 @@ pub struct HistoryConfig {
     pub excludes: Vec<String>,
 }
 
+/// The two places a record is written: the store journal (synchronously, before the change
+/// proceeds) and the transcript (through its writer thread).
+pub(crate) struct Recorder {
+    pub journal: std::sync::Arc<Journal>,
+    pub transcript: TranscriptWriter,
+}
+
 pub struct History {
     source: PathBuf,
     /// O_PATH fd on SRC: captures resolve paths beneath it without following symlinks.
     source_fd: OwnedFd,
     state_dir: PathBuf,
     store: Store,
-    journal: std::sync::Arc<Journal>,
-    transcript: TranscriptWriter,
+    /// Where records go; `None` when the state dir was opened read-only (no daemon).
+    recorder: Option<Recorder>,
     excludes: GlobSet,
     exclude_patterns: Vec<String>,
     state: Mutex<State>,
@@ -234,7 +241,19 @@ impl History {
 
     /// Blocks until the transcript holds everything recorded so far.
     pub fn flush(&self) -> io::Result<()> {
-        self.transcript.flush().map(|_| ())
+        match &self.recorder {
+            Some(r) => r.transcript.flush().map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    fn recorder(&self) -> io::Result<&Recorder> {
+        self.recorder.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                "the state dir is opened read-only (no daemon is serving it)",
+            )
+        })
     }
 
     /// A copy of the per-path histories (for log/diff/status/rewind planning).
@@ -253,7 +272,7 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
     std::str::from_utf8(rel).ok()
 }
 
-pub use track::open_history;
+pub use track::{open_history, open_history_readonly};
 
 #[cfg(test)]
 mod tests {

@@ -59,9 +59,8 @@ pub fn build_excludes(patterns: &[String]) -> io::Result<GlobSet> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
 }
 
-/// Opens the history in `cfg.state_dir`, replaying the transcript and the store journal.
-pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
-    let src_c = CString::new(cfg.source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
+    let src_c = CString::new(source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
     // SAFETY: valid C string; the fd is owned below.
     let raw = unsafe {
         libc::open(
@@ -70,15 +69,27 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
         )
     };
     if raw < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("cannot open the source directory {}: {e}", source.display()),
+        ));
     }
     // SAFETY: fresh fd.
-    let source_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
 
-    let store = Store::open(&cfg.state_dir.join("backups"))?;
-    let transcript_path = cfg.state_dir.join("transcript.jsonl");
-    let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
+/// What replay found in a state dir.
+struct Loaded {
+    state: State,
+    transcript_outcome: crate::transcript::replay::ReadOutcome,
+    journal_tail: Vec<Record>,
+}
 
+/// Replays the transcript, then the journal records past its end. Reads only.
+fn load(state_dir: &std::path::Path) -> io::Result<Loaded> {
+    let transcript_path = state_dir.join("transcript.jsonl");
+    let journal_path = state_dir.join("backups").join("journal.jsonl");
     let outcome = read_transcript(&transcript_path).map_err(to_io)?;
     if let Some(line) = outcome.dropped_torn_line {
         warn!(
@@ -86,23 +97,13 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
             transcript_path.display()
         );
     }
-    // Leaves the file ending on a line boundary, which the writer requires.
-    truncate_torn_tail(&transcript_path, &outcome)?;
     let last_seq = outcome.records.last().map_or(0, |r| r.seq);
     let journal_tail = Journal::read_after(&journal_path, last_seq).map_err(to_io)?;
-
     let mut state = State::default();
-    for r in &outcome.records {
+    for r in outcome.records.iter().chain(journal_tail.iter()) {
         apply_record(&mut state, r);
     }
-    for r in &journal_tail {
-        apply_record(&mut state, r);
-    }
-    state.next_seq = journal_tail
-        .last()
-        .map_or(last_seq, |r| r.seq)
-        .max(last_seq)
-        + 1;
+    state.next_seq = state.next_seq.max(last_seq + 1);
     info!(
         "replayed {} transcript records and {} journal records: {} checkpoints, {} tracked paths",
         outcome.records.len(),
@@ -110,6 +111,52 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
         state.checkpoints.len(),
         state.paths.len()
     );
+    Ok(Loaded {
+        state,
+        transcript_outcome: outcome,
+        journal_tail,
+    })
+}
+
+fn assemble(
+    cfg: HistoryConfig,
+    source_fd: OwnedFd,
+    store: Store,
+    state: State,
+    recorder: Option<super::Recorder>,
+) -> io::Result<Arc<History>> {
+    let pending: VecDeque<(String, u32)> = state
+        .paths
+        .iter()
+        .filter(|(_, h)| h.latest_is_pending())
+        .map(|(p, h)| (p.clone(), h.versions.len() as u32))
+        .collect();
+    Ok(Arc::new(History {
+        source: cfg.source,
+        source_fd,
+        state_dir: cfg.state_dir,
+        store,
+        recorder,
+        excludes: build_excludes(&cfg.excludes)?,
+        exclude_patterns: cfg.excludes,
+        state: Mutex::new(state),
+        busy_cond: Condvar::new(),
+        pending: Mutex::new(pending),
+        pending_cond: Condvar::new(),
+        stopping: Default::default(),
+    }))
+}
+
+/// Opens the history in `cfg.state_dir` for a daemon: replays the transcript and the store
+/// journal, then starts recording.
+pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
+    let source_fd = open_source(&cfg.source)?;
+    let store = Store::open(&cfg.state_dir.join("backups"))?;
+    let transcript_path = cfg.state_dir.join("transcript.jsonl");
+    let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
+    let loaded = load(&cfg.state_dir)?;
+    // Leaves the file ending on a line boundary, which the writer requires.
+    truncate_torn_tail(&transcript_path, &loaded.transcript_outcome)?;
 
     let journal = Arc::new(Journal::open(&journal_path)?);
     let transcript = TranscriptWriter::start(&transcript_path)?;
@@ -123,33 +170,28 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
         }));
     }
     // Records that reached only the journal before a crash belong in the transcript too.
-    for r in journal_tail {
+    for r in loaded.journal_tail {
         transcript.append(r);
     }
-
-    let pending: VecDeque<(String, u32)> = state
-        .paths
-        .iter()
-        .filter(|(_, h)| h.latest_is_pending())
-        .map(|(p, h)| (p.clone(), h.versions.len() as u32))
-        .collect();
-
-    let history = Arc::new(History {
-        source: cfg.source,
+    assemble(
+        cfg,
         source_fd,
-        state_dir: cfg.state_dir,
         store,
-        journal,
-        transcript,
-        excludes: build_excludes(&cfg.excludes)?,
-        exclude_patterns: cfg.excludes,
-        state: Mutex::new(state),
-        busy_cond: Condvar::new(),
-        pending: Mutex::new(pending),
-        pending_cond: Condvar::new(),
-        stopping: Default::default(),
-    });
-    Ok(history)
+        loaded.state,
+        Some(super::Recorder {
+            journal,
+            transcript,
+        }),
+    )
+}
+
+/// Opens a state dir that no daemon serves, for `log`/`diff`/`status --state-dir`: replays
+/// everything, changes nothing on disk.
+pub fn open_history_readonly(cfg: HistoryConfig) -> io::Result<Arc<History>> {
+    let source_fd = open_source(&cfg.source)?;
+    let store = Store::open(&cfg.state_dir.join("backups"))?;
+    let loaded = load(&cfg.state_dir)?;
+    assemble(cfg, source_fd, store, loaded.state, None)
 }
 
 fn to_io(e: crate::transcript::replay::ReplayError) -> io::Error {
@@ -485,8 +527,9 @@ impl History {
         st.next_seq += 1;
         // The journal is what makes the record survive a daemon crash; if it cannot be
         // written, the change must not go ahead.
-        self.journal.append(&record, sync)?;
-        self.transcript.append(record);
+        let rec = self.recorder()?;
+        rec.journal.append(&record, sync)?;
+        rec.transcript.append(record);
         Ok(())
     }
 
@@ -650,13 +693,14 @@ impl History {
         };
         // The journal gets only the new versions (replay needs nothing else); the transcript
         // the full map, as the format promises.
-        self.journal.append(&make(delta), false)?;
-        self.transcript.append(make(full));
+        let rec = self.recorder()?;
+        rec.journal.append(&make(delta), false)?;
+        rec.transcript.append(make(full));
         for (path, n) in continuing {
             let v = st.paths[&path].versions[n as usize - 1].clone();
             self.emit_layer1(&mut st, &path, n, &v, None, false, false)?;
         }
-        self.journal.sync()?;
+        rec.journal.sync()?;
         drop(st);
         if !to_fill.is_empty() {
             let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -726,8 +770,10 @@ impl History {
     pub fn shutdown(&self) -> io::Result<()> {
         self.stopping.store(true, Ordering::Relaxed);
         self.pending_cond.notify_all();
-        self.journal.sync()?;
-        self.transcript.flush()?;
+        if let Some(rec) = &self.recorder {
+            rec.journal.sync()?;
+            rec.transcript.flush()?;
+        }
         Ok(())
     }
 

@@ -36,6 +36,12 @@ impl History {
     /// `rel` (relative to the mount root, "" for the root) at checkpoint `k`, or `None` when
     /// it did not exist then.
     pub fn view_entry(&self, k: usize, rel: &[u8]) -> io::Result<Option<ViewEntry>> {
+        self.entry_at(Some(k), rel)
+    }
+
+    /// Like `view_entry`; `None` for `at` means the origin: the tree before anything was
+    /// changed through the mount (every tracked path at its v1).
+    pub fn entry_at(&self, at: Option<usize>, rel: &[u8]) -> io::Result<Option<ViewEntry>> {
         let Some(rel) = super::rel_key(rel) else {
             return self.live_entry_bytes(rel);
         };
@@ -48,7 +54,8 @@ impl History {
                 drop(st);
                 return self.live_entry(rel);
             };
-            let v = &h.versions[h.version_at(k) - 1];
+            let n = at.map_or(1, |k| h.version_at(k));
+            let v = &h.versions[n - 1];
             match &v.state {
                 VersionState::Absent => return Ok(None),
                 VersionState::Present { meta, object } => {
