@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# scripts/bench.sh — native vs checkpointfs benchmark, one sitting. --help for usage.
+set -euo pipefail
+export LC_ALL=C
+
+usage() {
+    cat <<'EOF'
+usage: scripts/bench.sh [--quick] [--strict] [--native-only] [--no-np] [--bin PATH]
+                        [--out DIR] [--help]
+
+Runs scripts/fsbench.sh (the maintainers' harness: fio sequential 1 GiB write/read,
+4 KiB random write/read, 10,000 small files create/stat/read/delete, git add+commit and
+status on a 5,000-file tree, untar of a ~50 MB source tarball) twice in one run:
+  1. natively in SRC, a fresh directory on the root disk (under $BENCH_DIR, /var/tmp);
+  2. through MNT, SRC mounted with `checkpointfs mount` (default mode: kernel passthrough);
+then, unless --no-np, the sequential write/read again through a --no-passthrough mount.
+Prints each workload with native value, mount value and ratio mount/native (time ratio
+for seconds: lower is better; throughput ratio for MB/s and IOPS: higher is better), and
+PASS/FAIL against the bars:
+  seq_write_1g, seq_read_1g   >= 0.9x native throughput (passthrough mode)
+  small_create/stat/read/delete  <= 4x native time
+  git_commit_5k               <= 3x native time
+
+Options:
+  --quick        smoke run: 128 MiB seq, 64 MiB/3 s random, 2,000 small files,
+                 1,000-file git tree, ~10 MB tarball (bars still printed, indicative only)
+  --strict       exit 1 if a bar fails (default: exit 0 regardless of the bars)
+  --native-only  only the native run (no binary needed)
+  --no-np        skip the --no-passthrough sequential run
+  --bin PATH     checkpointfs binary (default $CHECKPOINTFS_BIN or target/release/checkpointfs)
+  --out DIR      results dir (default target/bench-results/TIMESTAMP): native.txt,
+                 mount.txt, mount-np.txt, table.txt, table.md
+  -h, --help     this text
+
+Needs root (drop_caches, FUSE mount). Machines are noisy: compare ratios from one run.
+Every mount is unmounted on every exit path; no daemon is left running.
+EOF
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CPFS_WHO=bench
+# shellcheck source=lib/mounts.sh
+source "$ROOT/scripts/lib/mounts.sh"
+
+QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 BIN= OUT=
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --quick) QUICK=1 ;;
+        --strict) STRICT=1 ;;
+        --native-only) NATIVE_ONLY=1 ;;
+        --no-np) NP=0 ;;
+        --bin) BIN=${2:?--bin needs a path}; shift ;;
+        --out) OUT=${2:?--out needs a dir}; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "bench: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+die() { echo "bench: ERROR: $*" >&2; exit 2; }
+[[ $(id -u) == 0 ]] || die "must run as root (drop_caches, FUSE mount)"
+for t in fio jq python3 git tar; do command -v "$t" >/dev/null || die "missing tool: $t"; done
+if [[ $NATIVE_ONLY == 0 ]]; then
+    [[ -n $BIN ]] || BIN=$(cpfs_find_bin "$ROOT")
+    [[ -x $BIN ]] || die "checkpointfs binary not found at $BIN — run 'cargo build --release' (or --native-only)"
+fi
+
+if [[ $QUICK == 1 ]]; then
+    export FSBENCH_SEQ_SIZE=128M FSBENCH_RAND_SIZE=64M FSBENCH_RUNTIME=3
+    export FSBENCH_SMALL_DIRS=20 FSBENCH_SMALL_FILES=100 FSBENCH_GIT_MODS=10 FSBENCH_TARBALL_MB=10
+fi
+SEQ_SIZE=${FSBENCH_SEQ_SIZE:-1G}
+
+OUT=${OUT:-$ROOT/target/bench-results/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PARENT=${BENCH_DIR:-/var/tmp}
+case $(stat -f -c %T "$PARENT") in
+    tmpfs | ramfs) die "$PARENT is on tmpfs; set BENCH_DIR to a dir on the root disk" ;;
+esac
+BASE=$(mktemp -d "$PARENT/cpfs-bench.XXXXXX")
+SRC=$BASE/src MNT=$BASE/mnt STATE=$BASE/state
+mkdir -p "$SRC" "$MNT" "$STATE"
+DAEMON_LOG=$OUT/daemon.log
+: > "$DAEMON_LOG"
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM HUP
+    cd /
+    cpfs_kill_child
+    [[ $NATIVE_ONLY == 1 ]] || cpfs_cleanup_all "$BIN" "$DAEMON_LOG"
+    if cpfs_any_mount_under "$BASE"; then
+        echo "bench: warning: something is still mounted under $BASE; not removing it" >&2
+    else
+        rm -rf -- "$BASE" 2>/dev/null || echo "bench: warning: could not fully remove $BASE" >&2
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+FSBENCH=$ROOT/scripts/fsbench.sh
+echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes'); results $OUT"
+
+echo "bench: native run in $SRC"
+cpfs_run "$FSBENCH" "$SRC" "$OUT/native.txt"
+
+if [[ $NATIVE_ONLY == 0 ]]; then
+    echo "bench: mount run in $MNT (default mode)"
+    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" || die "mount failed"
+    cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.txt"
+
+    # ======================================================================================
+    # HOOK: checkpoint-specific benchmarks (NOT IMPLEMENTED YET — add them here, while the
+    # default-mode mount is live; emit "name value unit" lines into $OUT/checkpoint.txt):
+    #   - layer1_first_write : cost of the first write to an untracked/unchanged file
+    #                          (Layer 1 copy-before-write) vs a second write, and vs native
+    #   - marker_latency     : time to set a checkpoint marker, vs a shadow-git commit
+    #                          (`git add -A && git commit`) of the same tree
+    #   - rewind_time        : time to rewind N files / a whole tree to an earlier marker
+    # ======================================================================================
+    checkpoint_benchmarks() { :; }
+    checkpoint_benchmarks "$MNT" "$OUT/checkpoint.txt"
+
+    cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
+
+    if [[ $NP == 1 ]]; then
+        echo "bench: --no-passthrough sequential run in $MNT"
+        cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" --no-passthrough || die "mount --no-passthrough failed"
+        # Same fio jobs as fsbench.sh's seq_write_1g / seq_read_1g.
+        NPW=$(mktemp -d "$MNT/np.XXXXXX")
+        J=$OUT/np-fio.json
+        fio_seq() {
+            cpfs_run fio --output-format=json --output="$J" --ioengine=psync --numjobs=1 \
+                --direct=0 --randrepeat=0 --name=job --filename="$NPW/seq.dat" --bs=1M \
+                --size="$SEQ_SIZE" "$@" >/dev/null
+        }
+        : > "$OUT/mount-np.txt"
+        fio_seq --rw=write --end_fsync=1
+        echo "seq_write_1g $(jq -r '.jobs[0].write.bw_bytes / 1e6 | . * 10 | round / 10' "$J") MB/s" >> "$OUT/mount-np.txt"
+        sync; echo 3 > /proc/sys/vm/drop_caches
+        fio_seq --rw=read
+        echo "seq_read_1g $(jq -r '.jobs[0].read.bw_bytes / 1e6 | . * 10 | round / 10' "$J") MB/s" >> "$OUT/mount-np.txt"
+        rm -rf -- "$NPW"
+        cat "$OUT/mount-np.txt"
+        cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
+    fi
+    CPFS_MOUNTS=()
+fi
+[[ -f $OUT/mount.txt ]] || : > "$OUT/mount.txt"
+[[ -f $OUT/mount-np.txt ]] || : > "$OUT/mount-np.txt"
+
+# ---- table -------------------------------------------------------------------------------
+awk -v QUICK="$QUICK" -v TXT="$OUT/table.txt" -v MD="$OUT/table.md" -v VERDICT="$OUT/verdict" '
+    FILENAME == ARGV[1] { order[++n] = $1; nat[$1] = $2; unit[$1] = $3; next }
+    FILENAME == ARGV[2] { mnt[$1] = $2; next }
+    FILENAME == ARGV[3] { np[$1] = $2; next }
+    function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "" : sprintf("%.2f", a / b) }
+    END {
+        bar["seq_write_1g"] = ">=0.9"; bar["seq_read_1g"] = ">=0.9"
+        bar["small_create"] = "<=4"; bar["small_stat"] = "<=4"
+        bar["small_read"] = "<=4";   bar["small_delete"] = "<=4"
+        bar["git_commit_5k"] = "<=3"
+        hdr = sprintf("%-16s %-5s %10s %10s %7s %10s %7s %7s  %s", "workload", "unit", "native", \
+            "mount", "ratio", "mount-np", "ratio", "bar", "verdict")
+        print hdr > TXT; print hdr
+        print "| workload | unit | native | mount | ratio | mount --no-passthrough | ratio | bar | verdict |" > MD
+        print "|---|---|---:|---:|---:|---:|---:|---|---|" > MD
+        fails = 0
+        for (i = 1; i <= n; i++) {
+            w = order[i]; m = (w in mnt) ? mnt[w] : ""; p = (w in np) ? np[w] : ""
+            r = ratio(m, nat[w]); rn = ratio(p, nat[w]); v = "-"
+            if ((w in bar) && r != "") {
+                lim = substr(bar[w], 3) + 0
+                ok = (substr(bar[w], 1, 2) == ">=") ? (r + 0 >= lim) : (r + 0 <= lim)
+                v = ok ? "PASS" : "FAIL"; if (!ok) fails++
+            } else if (w in bar) v = "pending"
+            line = sprintf("%-16s %-5s %10s %10s %7s %10s %7s %7s  %s", w, unit[w], nat[w], \
+                m != "" ? m : "-", r != "" ? r "x" : "-", p != "" ? p : "-", \
+                rn != "" ? rn "x" : "-", (w in bar) ? bar[w] "x" : "-", v)
+            print line > TXT; print line
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w, unit[w], nat[w], \
+                m != "" ? m : "pending", r != "" ? r "x" : "-", p != "" ? p : "-", \
+                rn != "" ? rn "x" : "-", (w in bar) ? bar[w] "x" : "-", v > MD
+        }
+        print fails > VERDICT
+    }' "$OUT/native.txt" "$OUT/mount.txt" "$OUT/mount-np.txt"
+FAILS=$(cat "$OUT/verdict")
+echo "bench: ratio = mount/native (seconds: time ratio, lower is better; MB/s, IOPS: throughput ratio, higher is better)"
+[[ $QUICK == 1 ]] && echo "bench: --quick sizes: the bars are indicative only"
+if [[ $NATIVE_ONLY == 1 ]]; then
+    echo "bench: native only; bars pending. Markdown table: $OUT/table.md"
+    exit 0
+fi
+echo "bench: $FAILS bar(s) failed. Markdown table: $OUT/table.md"
+if [[ $STRICT == 1 && $FAILS -gt 0 ]]; then exit 1; fi
+exit 0
