@@ -70,7 +70,9 @@ thread_local! {
 }
 
 fn fopen_flags(o: &Opened) -> FopenFlags {
-    let mut f = FopenFlags::empty();
+    // The daemon buffers nothing and the kernel keeps POSIX locks itself, so a flush on
+    // close(2) would be a round trip that does nothing.
+    let mut f = FopenFlags::FOPEN_NOFLUSH;
     if o.direct_io {
         f |= FopenFlags::FOPEN_DIRECT_IO;
     }
@@ -116,6 +118,19 @@ impl Filesystem for FuseAdapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            // A negative entry (node id 0) the kernel may cache: names only appear through
+            // this mount, which updates the kernel's dentries itself. Saves a round trip for
+            // every repeated miss (git, compilers and shells probe many absent paths).
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT)
+                    && !crate::fs::virt::is_virtual(parent.0) =>
+            {
+                reply.entry(
+                    &crate::fs::TTL,
+                    &bare_attr(0, FileType::RegularFile),
+                    Generation(0),
+                )
+            }
             Err(e) => reply.error(fail("lookup", e)),
         }
     }
@@ -407,7 +422,7 @@ impl Filesystem for FuseAdapter {
                     ),
                     None => {
                         // "." and "..": node id 0 tells the kernel not to make a dentry.
-                        let attr = dot_attr(e.ino, e.kind);
+                        let attr = bare_attr(e.ino, e.kind);
                         reply.add(
                             INodeNo(0),
                             e.offset as u64,
@@ -620,9 +635,10 @@ impl Filesystem for FuseAdapter {
     }
 }
 
-fn dot_attr(ino: u64, kind: FileType) -> fuser::FileAttr {
+/// Attributes that carry only an inode number and a type (dot entries, negative entries).
+fn bare_attr(ino: u64, kind: FileType) -> fuser::FileAttr {
     fuser::FileAttr {
-        ino: INodeNo(ino.max(1)),
+        ino: INodeNo(ino),
         size: 0,
         blocks: 0,
         atime: SystemTime::UNIX_EPOCH,

@@ -326,10 +326,29 @@ fn backup_of(version: u32, v: &Version, actor: Option<Actor>, fill: bool) -> Tra
     }
 }
 
+/// `/proc/<pid>/comm`, remembered for a moment: a tool making many changes (tar, git)
+/// costs one read, and a pid is not reused within a second in practice.
 fn comm_of(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+    static CACHE: Mutex<Option<HashMap<u32, (String, Instant)>>> = Mutex::new(None);
+    const FRESH: Duration = Duration::from_secs(1);
+    let now = Instant::now();
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let map = cache.get_or_insert_with(HashMap::new);
+    if let Some((comm, at)) = map.get(&pid)
+        && now.duration_since(*at) < FRESH
+    {
+        return comm.clone();
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim_end().to_string())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if map.len() > 4096 {
+        map.retain(|_, (_, at)| now.duration_since(*at) < FRESH);
+    }
+    map.insert(pid, (comm.clone(), now));
+    comm
 }
 
 /// What Layer 1 must do for a path before it changes.

@@ -45,6 +45,9 @@ use super::record::Record;
 /// both the buffer and how long the records at the front wait for their `fdatasync`.
 pub const MAX_BATCH_BYTES: usize = 4 << 20;
 
+/// How long the writer keeps gathering records into a batch after the first one arrives.
+pub const GATHER_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Called on the writer thread with the highest durable `seq`; see
 /// [`TranscriptWriter::set_on_durable`].
 pub type DurableCallback = Box<dyn Fn(u64) + Send>;
@@ -266,6 +269,21 @@ impl Worker {
         while let Ok(first) = rx.recv() {
             let mut waiters = Vec::new();
             self.handle(first, &mut waiters);
+            // Gather what arrives in the next moments into the same batch: a burst of small
+            // changes (an untar, a checkout) then costs one fdatasync, not one per record.
+            // Nobody waits on this: Layer 1 durability comes from the store journal, and a
+            // flush request ends the gathering at once.
+            let deadline = std::time::Instant::now() + GATHER_WINDOW;
+            while self.pending.len() < MAX_BATCH_BYTES && waiters.is_empty() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match rx.recv_timeout(left) {
+                    Ok(msg) => self.handle(msg, &mut waiters),
+                    Err(_) => break,
+                }
+            }
             while self.pending.len() < MAX_BATCH_BYTES {
                 match rx.try_recv() {
                     Ok(msg) => self.handle(msg, &mut waiters),
