@@ -108,6 +108,9 @@ pub struct PathHistory {
     pub versions: Vec<Version>,
     /// Changed since the last checkpoint (or open for writing across it).
     pub dirty: bool,
+    /// Number of checkpoints when the path was first tracked: checkpoint k lists the path
+    /// iff `first_epoch <= k`.
+    pub first_epoch: usize,
 }
 
 impl PathHistory {
@@ -196,6 +199,8 @@ pub struct History {
     pending: Mutex<VecDeque<(String, u32)>>,
     pending_cond: Condvar,
     stopping: std::sync::atomic::AtomicBool,
+    /// This history's own Arc, for work handed to other threads.
+    me: std::sync::Weak<History>,
 }
 
 impl History {

@@ -135,12 +135,17 @@ impl History {
     /// The steps that make the tracked paths selected by `only` (all when empty) equal to
     /// checkpoint `k`. Untracked paths are unchanged since the mount, so they already are.
     pub fn plan_rewind(&self, k: usize, only: &[String]) -> io::Result<Vec<Step>> {
+        // A path unchanged since its latest version, which is also its version at k, is
+        // already as it was at k: only the others need comparing (reading and hashing
+        // every tracked file would make a rewind cost O(bytes tracked)).
         let tracked: Vec<String> = {
             let st = self.lock();
             let mut v: Vec<String> = st
                 .paths
                 .iter()
-                .filter(|(_, h)| !h.versions.is_empty())
+                .filter(|(_, h)| {
+                    !h.versions.is_empty() && (h.dirty || h.version_at(k) != h.versions.len())
+                })
                 .map(|(p, _)| p.clone())
                 .collect();
             v.sort();

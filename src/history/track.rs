@@ -131,19 +131,21 @@ fn assemble(
         .filter(|(_, h)| h.latest_is_pending())
         .map(|(p, h)| (p.clone(), h.versions.len() as u32))
         .collect();
-    Ok(Arc::new(History {
+    let excludes = build_excludes(&cfg.excludes)?;
+    Ok(Arc::new_cyclic(|me| History {
         source: cfg.source,
         source_fd,
         state_dir: cfg.state_dir,
         store,
         recorder,
-        excludes: build_excludes(&cfg.excludes)?,
+        excludes,
         exclude_patterns: cfg.excludes,
         state: Mutex::new(state),
         busy_cond: Condvar::new(),
         pending: Mutex::new(pending),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
+        me: me.clone(),
     }))
 }
 
@@ -254,6 +256,9 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
         for (path, b) in &r.snapshot.tracked_file_backups {
             let new_path = !state.paths.contains_key(path);
             let h = state.paths.entry(path.clone()).or_default();
+            if new_path {
+                h.first_epoch = k;
+            }
             if b.version as usize == h.versions.len() + 1 {
                 h.versions.push(Version {
                     since: Some(k),
@@ -267,9 +272,13 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
         }
         return;
     }
+    let epoch = state.checkpoints.len();
     for (path, b) in &r.snapshot.tracked_file_backups {
         let new_path = !state.paths.contains_key(path);
         let h = state.paths.entry(path.clone()).or_default();
+        if new_path {
+            h.first_epoch = epoch;
+        }
         let v = b.version as usize;
         if v == h.versions.len() + 1 {
             h.versions.push(Version {
@@ -473,7 +482,11 @@ impl History {
                     let (state, fresh_content) = captured?;
                     let time = SystemTime::now();
                     let new_path = !st.paths.contains_key(rel);
+                    let epoch = st.checkpoints.len();
                     let h = st.paths.entry(rel.to_string()).or_default();
+                    if new_path {
+                        h.first_epoch = epoch;
+                    }
                     let version = if h.latest_is_pending() {
                         let last = h.versions.len() - 1;
                         h.versions[last].state = state;
@@ -623,6 +636,7 @@ impl History {
     /// Layer 2: takes checkpoint `id`. The gate calls this with every mutation excluded and
     /// the paths of files open for writing.
     pub fn make_checkpoint(&self, id: &str, open_for_write: &[Vec<u8>]) -> io::Result<()> {
+        let t0 = std::time::Instant::now();
         let open: HashSet<&str> = open_for_write.iter().filter_map(|p| rel_key(p)).collect();
         let mut st = self.lock();
         if st.checkpoint_ids.contains_key(id) {
@@ -686,20 +700,9 @@ impl History {
                 continuing.push((path, n));
             }
         }
-        let full: BTreeMap<String, TrackedFileBackup> = st
-            .paths
-            .iter()
-            .map(|(p, h)| {
-                let n = h.version_at(k);
-                (
-                    p.clone(),
-                    backup_of(n as u32, &h.versions[n - 1], None, false),
-                )
-            })
-            .collect();
         let seq = st.next_seq;
         st.next_seq += 1;
-        let make = |backups| Record {
+        let record = move |backups| Record {
             record_type: FILE_HISTORY_SNAPSHOT.to_string(),
             message_id: Some(id.to_string()),
             snapshot: Snapshot {
@@ -710,16 +713,48 @@ impl History {
             is_snapshot_update: false,
             seq,
         };
-        // The journal gets only the new versions (replay needs nothing else); the transcript
-        // the full map, as the format promises.
         let rec = self.recorder()?;
-        rec.journal.append(&make(delta), false)?;
-        rec.transcript.append(make(full));
+        // The journal gets only the new versions (replay needs nothing else), before the
+        // marker returns. The transcript gets the full map, built on its writer thread: the
+        // state at checkpoint k never changes (later versions have later checkpoints), so
+        // building it later gives the same map without holding up the marker.
+        rec.journal.append(&record(delta), false)?;
+        let me = self.me.clone();
+        let id_owned = id.to_string();
+        rec.transcript.append_deferred(Box::new(move || {
+            let history = me.upgrade()?;
+            let st = history.lock();
+            let full: BTreeMap<String, TrackedFileBackup> = st
+                .paths
+                .iter()
+                .filter(|(_, h)| h.first_epoch <= k && !h.versions.is_empty())
+                .map(|(p, h)| {
+                    let n = h.version_at(k);
+                    (
+                        p.clone(),
+                        backup_of(n as u32, &h.versions[n - 1], None, false),
+                    )
+                })
+                .collect();
+            drop(st);
+            let r = Record {
+                record_type: FILE_HISTORY_SNAPSHOT.to_string(),
+                message_id: Some(id_owned.clone()),
+                snapshot: Snapshot {
+                    message_id: Some(id_owned),
+                    tracked_file_backups: full,
+                    timestamp: rfc3339(now),
+                },
+                is_snapshot_update: false,
+                seq,
+            };
+            Some(r)
+        }));
         for (path, n) in continuing {
             let v = st.paths[&path].versions[n as usize - 1].clone();
             self.emit_layer1(&mut st, &path, n, &v, None, false, false)?;
         }
-        rec.journal.sync()?;
+        debug!("checkpoint {id}: recorded in {:?}", t0.elapsed());
         drop(st);
         if !to_fill.is_empty() {
             let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
