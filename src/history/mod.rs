@@ -298,6 +298,7 @@ mod tests {
         let h = PathHistory {
             versions: vec![v(None), v(Some(2)), v(Some(5))],
             dirty: false,
+            first_epoch: 0,
         };
         assert_eq!(h.version_at(0), 1);
         assert_eq!(h.version_at(1), 1);
