@@ -13,3 +13,16 @@ pub struct DaemonConfig {
     pub allow_other: bool,
     pub excludes: Vec<String>,
 }
+
+// STUB (cli branch): the real serve() lives on main
+/// Mounts cfg.source at cfg.mountpoint and serves until the mount is unmounted from outside
+/// (`umount MNT`) or SIGINT/SIGTERM arrives; then flushes history + transcript and returns.
+/// Calls `on_ready` exactly once, after the mount is live. Creates threads: call it only after
+/// any fork.
+pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+    let _ = (cfg, on_ready);
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "the filesystem core is not part of this build (cli branch stub)",
+    ))
+}

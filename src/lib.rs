@@ -11,6 +11,7 @@
 //! - [`daemon`]: wiring for one mount (session, signals, shutdown).
 //! - [`cli`]: the command line.
 pub mod cli;
+pub mod commands;
 pub mod control;
 pub mod daemon;
 pub mod fs;
