@@ -1,0 +1,415 @@
+//! Shared harness for the integration tests: a [`TestMount`] that mounts the real binary
+//! on fresh temporary directories and never leaves a mount or a daemon behind, plus helpers
+//! to run commands and compare trees.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_checkpointfs");
+
+/// A mount of the real binary: `mount SRC MNT --state-dir STATE [args]`, with SRC, MNT and
+/// STATE fresh directories under one temporary directory.
+///
+/// Dropping it (also while a test panics) unmounts (`checkpointfs umount`, then `umount`,
+/// then `umount -l`) and kills the daemon it started if that is still alive.
+pub struct TestMount {
+    pub src: PathBuf,
+    pub mnt: PathBuf,
+    pub state: PathBuf,
+    args: Vec<String>,
+    /// The daemon this mount started (from STATE/daemon.pid), while it may be alive.
+    pid: Option<i32>,
+    /// Declared last: removed only after `Drop::drop` has unmounted.
+    tmp: TempDir,
+}
+
+impl TestMount {
+    /// A fresh mount with default options.
+    pub fn new() -> TestMount {
+        TestMount::with_args(&[])
+    }
+
+    /// A fresh mount with extra `mount` arguments, e.g. `&["--no-passthrough"]`.
+    pub fn with_args(args: &[&str]) -> TestMount {
+        let mut m = TestMount::unmounted(args);
+        m.mount();
+        m
+    }
+
+    /// The directories, not mounted yet: fill `src` first, then call [`TestMount::mount`].
+    pub fn unmounted(args: &[&str]) -> TestMount {
+        become_subreaper();
+        let tmp = tempfile::Builder::new()
+            .prefix("checkpointfs-test-")
+            .tempdir()
+            .expect("create temp dir");
+        let root = fs::canonicalize(tmp.path()).expect("canonicalize temp dir");
+        let (src, mnt, state) = (root.join("src"), root.join("mnt"), root.join("state"));
+        fs::create_dir(&src).expect("create src");
+        fs::create_dir(&mnt).expect("create mnt");
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&state)
+            .expect("create state");
+        TestMount {
+            src,
+            mnt,
+            state,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            pid: None,
+            tmp,
+        }
+    }
+
+    /// The temporary directory holding src, mnt and state.
+    pub fn root(&self) -> PathBuf {
+        fs::canonicalize(self.tmp.path()).expect("canonicalize temp dir")
+    }
+
+    /// The extra `mount` arguments this mount was created with.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// The daemon's pid while mounted by this harness.
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
+    }
+
+    /// Mounts (panics with the daemon log if that fails).
+    pub fn mount(&mut self) {
+        assert!(self.pid.is_none(), "already mounted");
+        let mut args: Vec<&OsStr> = vec![
+            "mount".as_ref(),
+            self.src.as_os_str(),
+            self.mnt.as_os_str(),
+            "--state-dir".as_ref(),
+            self.state.as_os_str(),
+        ];
+        args.extend(self.args.iter().map(|a| OsStr::new(a.as_str())));
+        let out = cli(&args);
+        if !out.status.success() {
+            panic!(
+                "checkpointfs mount failed ({}):\n{}\n--- daemon.log ---\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                self.daemon_log()
+            );
+        }
+        let pid = read_pid(&self.state.join("daemon.pid")).expect("STATE/daemon.pid after mount");
+        self.pid = Some(pid);
+        assert!(
+            is_mount_point(&self.mnt),
+            "mount returned but MNT is not mounted"
+        );
+    }
+
+    /// `checkpointfs umount MNT`, asserting success and that the daemon is gone.
+    pub fn umount(&mut self) {
+        let out = cli(&["umount".as_ref(), self.mnt.as_os_str()]);
+        assert!(
+            out.status.success(),
+            "checkpointfs umount failed ({}):\n{}\n--- daemon.log ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon_log()
+        );
+        assert!(!is_mount_point(&self.mnt), "still mounted after umount");
+        if let Some(pid) = self.pid.take() {
+            // `umount` waited for the daemon to exit; reap it so the pid is really gone.
+            assert!(
+                !process_alive(pid),
+                "daemon {pid} alive after umount returned"
+            );
+            reap(pid, Duration::from_secs(5));
+        }
+    }
+
+    /// Unmount then mount again with the same arguments.
+    pub fn remount(&mut self) {
+        self.umount();
+        self.mount();
+    }
+
+    /// Kills the daemon with SIGKILL (no chance to flush), then detaches the dead mount with
+    /// `umount -l`.
+    pub fn kill9(&mut self) {
+        let pid = self.pid.take().expect("kill9: not mounted");
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        wait_until(Duration::from_secs(10), || !process_alive(pid));
+        reap(pid, Duration::from_secs(5));
+        let out = run(
+            "umount",
+            &["-l".as_ref(), self.mnt.as_os_str()],
+            Path::new("/"),
+        );
+        assert!(
+            out.status.success(),
+            "umount -l: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Writes `ID\n` to MNT/.checkpoint/ctl in one write.
+    pub fn ctl(&self, id: &str) -> io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .open(self.mnt.join(".checkpoint/ctl"))?;
+        let line = format!("{id}\n");
+        let n = f.write(line.as_bytes())?;
+        if n != line.len() {
+            return Err(io::Error::other(format!("short write: {n} bytes")));
+        }
+        Ok(())
+    }
+
+    /// STATE/daemon.log, or a note that it is missing.
+    pub fn daemon_log(&self) -> String {
+        fs::read_to_string(self.state.join("daemon.log"))
+            .unwrap_or_else(|e| format!("(no daemon.log: {e})"))
+    }
+}
+
+impl Default for TestMount {
+    fn default() -> Self {
+        TestMount::new()
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {}/daemon.log ---\n{}",
+                self.state.display(),
+                self.daemon_log()
+            );
+        }
+        // Never panic here: a second panic would abort and skip the cleanup.
+        if is_mount_point(&self.mnt) {
+            let _ = Command::new(BIN)
+                .args([
+                    "umount".as_ref(),
+                    self.mnt.as_os_str(),
+                    "--timeout".as_ref(),
+                    "10".as_ref(),
+                ])
+                .stdin(Stdio::null())
+                .output();
+        }
+        if is_mount_point(&self.mnt) {
+            let _ = Command::new("umount").arg(&self.mnt).output();
+        }
+        if is_mount_point(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+        }
+        if let Some(pid) = self.pid.take() {
+            if process_alive(pid) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            reap(pid, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Makes this test process the reaper of orphaned descendants, so detached daemons become
+/// its children once `checkpointfs mount` exits and can be reaped (PID 1 in some containers
+/// never reaps, leaving zombies for which `kill(pid, 0)` still succeeds).
+fn become_subreaper() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    });
+}
+
+/// Reaps `pid` if it is our child (see [`become_subreaper`]); returns its wait status.
+pub fn reap(pid: i32, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut status = 0;
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(status);
+        }
+        if r < 0 || Instant::now() >= deadline {
+            return None; // not our child, or still running
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `pid` is running; zombies count as exited.
+pub fn process_alive(pid: i32) -> bool {
+    match fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match stat.iter().rposition(|&b| b == b')') {
+            Some(i) => !matches!(stat.get(i + 2), Some(b'Z') | Some(b'X') | None),
+            None => true,
+        },
+        Err(_) => false,
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; false on timeout.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn read_pid(path: &Path) -> Option<i32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Runs `cmd args` in `cwd` with stdin from /dev/null and captures its output.
+pub fn run<S: AsRef<OsStr>>(cmd: impl AsRef<OsStr>, args: &[S], cwd: &Path) -> Output {
+    let cmd = cmd.as_ref();
+    Command::new(cmd)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Runs the checkpointfs binary with `args` (cwd `/`).
+pub fn cli<S: AsRef<OsStr>>(args: &[S]) -> Output {
+    run(BIN, args, Path::new("/"))
+}
+
+/// Runs the checkpointfs binary with `args` in `cwd`.
+pub fn cli_in<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Output {
+    run(BIN, args, cwd)
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Undoes mountinfo's octal escapes (space, tab, newline, backslash).
+fn unescape(field: &[u8]) -> PathBuf {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        if field[i] == b'\\'
+            && let Some(v) = octal
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(field[i]);
+        i += 1;
+    }
+    PathBuf::from(OsStr::from_bytes(&out))
+}
+
+/// Mount points listed in /proc/self/mountinfo, with their fstype, in table order.
+pub fn mounts() -> Vec<(PathBuf, String)> {
+    let text = fs::read("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    text.split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let f: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            let sep = f.iter().position(|x| *x == b"-")?;
+            Some((
+                unescape(f.get(4)?),
+                String::from_utf8_lossy(f.get(sep + 1)?).into_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// The mountinfo entries (mount point and fstype) at or below `dir`.
+pub fn mounts_under(dir: &Path) -> Vec<(PathBuf, String)> {
+    mounts()
+        .into_iter()
+        .filter(|(p, _)| p.starts_with(dir))
+        .collect()
+}
+
+pub fn is_mount_point(path: &Path) -> bool {
+    mounts().iter().any(|(p, _)| p == path)
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A sorted listing of the whole tree under `dir`, one line per entry:
+/// `relpath type mode sha256`, where relpath is `.` for `dir` itself, type is one of
+/// file/dir/symlink/fifo/socket/chardev/blockdev, mode is the octal permission bits, and
+/// sha256 is of the content (files) or the target (symlinks), `-` otherwise. Symlinks are
+/// not followed; a top-level `.checkpoint` is skipped.
+pub fn tree_listing(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+fn walk(root: &Path, path: &Path, out: &mut Vec<String>) {
+    let meta = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("lstat {path:?}: {e}"));
+    let rel = match path.strip_prefix(root) {
+        Ok(r) if r.as_os_str().is_empty() => ".".to_string(),
+        Ok(r) => r.to_string_lossy().into_owned(),
+        Err(_) => path.to_string_lossy().into_owned(),
+    };
+    let ft = meta.file_type();
+    let mode = meta.permissions().mode() & 0o7777;
+    let (kind, hash) = if ft.is_symlink() {
+        let target = fs::read_link(path).unwrap_or_else(|e| panic!("readlink {path:?}: {e}"));
+        ("symlink", sha256_hex(target.as_os_str().as_bytes()))
+    } else if ft.is_file() {
+        let data = fs::read(path).unwrap_or_else(|e| panic!("read {path:?}: {e}"));
+        ("file", sha256_hex(&data))
+    } else if ft.is_dir() {
+        ("dir", "-".to_string())
+    } else if ft.is_fifo() {
+        ("fifo", "-".to_string())
+    } else if ft.is_socket() {
+        ("socket", "-".to_string())
+    } else if ft.is_char_device() {
+        ("chardev", "-".to_string())
+    } else {
+        ("blockdev", "-".to_string())
+    };
+    out.push(format!("{rel} {kind} {mode:04o} {hash}"));
+    if ft.is_dir() {
+        let entries = fs::read_dir(path).unwrap_or_else(|e| panic!("readdir {path:?}: {e}"));
+        for entry in entries {
+            let entry = entry.unwrap_or_else(|e| panic!("readdir {path:?}: {e}"));
+            if path == root && entry.file_name() == ".checkpoint" {
+                continue;
+            }
+            walk(root, &entry.path(), out);
+        }
+    }
+}
