@@ -652,12 +652,7 @@ pub fn validate_mount(
         });
     }
 
-    // MNT: empty and not a mount point already.
-    let mut entries =
-        fs::read_dir(&mountpoint).map_err(|e| inaccessible("mount point", mnt, &e))?;
-    if entries.next().is_some() {
-        return Err(MountRefusal::MountpointNotEmpty(mnt.to_path_buf()));
-    }
+    // MNT: not a mount point already (checked first: a mount is rarely empty), and empty.
     let in_mountinfo = parse_mountinfo(&env.mountinfo)
         .iter()
         .any(|m| m.mount_point == mountpoint);
@@ -670,6 +665,11 @@ pub fn validate_mount(
     };
     if in_mountinfo || dev_differs {
         return Err(MountRefusal::MountpointIsMounted(mountpoint));
+    }
+    let mut entries =
+        fs::read_dir(&mountpoint).map_err(|e| inaccessible("mount point", mnt, &e))?;
+    if entries.next().is_some() {
+        return Err(MountRefusal::MountpointNotEmpty(mnt.to_path_buf()));
     }
 
     // STATE: a directory if it exists, and not used by a live daemon.
@@ -751,6 +751,16 @@ pub fn parse_mountinfo(text: &[u8]) -> Vec<MountEntry> {
             })
         })
         .collect()
+}
+
+/// Whether a mount table entry is recognizably checkpointfs without asking its daemon:
+/// fstype `fuse.checkpointfs` (mounted through fusermount with a subtype), or a FUSE
+/// mount whose source is `checkpointfs` (fuser's direct mount(2) always uses fstype `fuse`
+/// and takes the source from FSName, else Subtype).
+pub fn is_checkpointfs_mount(entry: &MountEntry) -> bool {
+    entry.fstype == FSTYPE
+        || ((entry.fstype == "fuse" || entry.fstype.starts_with("fuse."))
+            && entry.source == "checkpointfs")
 }
 
 /// The topmost mount at `mount_point`, if any.
@@ -1097,6 +1107,29 @@ fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
     }
 }
 
+fn writer_fd(pipe: &Mutex<Option<io::PipeWriter>>) -> Option<i32> {
+    let guard = pipe.lock().unwrap_or_else(|e| e.into_inner());
+    guard.as_ref().map(|w| w.as_raw_fd())
+}
+
+/// Closes every descriptor >= 3 except `keep`.
+fn close_inherited_fds(keep: Option<i32>) {
+    let fds: Vec<i32> = match fs::read_dir("/proc/self/fd") {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(_) => return,
+    };
+    // The directory's own descriptor is closed by now and may show up in the list.
+    for fd in fds {
+        if fd > 2 && Some(fd) != keep {
+            // SAFETY: nothing in this process owns these descriptors: the only File/OwnedFd
+            // values alive here are the readiness pipe, which is `keep`.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 /// The detached daemon. Returns the process's exit status.
 fn daemon_child(
     cfg: DaemonConfig,
@@ -1122,6 +1155,9 @@ fn daemon_child(
     }
     drop(devnull);
     drop(log_file);
+    // Do not hold on to descriptors inherited from the caller (a pipe kept open here would
+    // keep, e.g., a `$(checkpointfs mount ...)` waiting forever).
+    close_inherited_fds(writer_fd(&pipe));
     init_logger();
     if let Err(e) = std::env::set_current_dir("/") {
         log::warn!("cannot chdir to /: {e}");
@@ -1265,6 +1301,10 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
     };
     let entry = match find_mount(&path) {
         Ok(Some(entry)) => entry,
+        Ok(None) if fs::symlink_metadata(&path).is_err() => {
+            eprintln!("checkpointfs: {shown} does not exist");
+            return EXIT_USAGE;
+        }
         Ok(None) => return not_ours(),
         Err(e) => {
             eprintln!(
@@ -1295,13 +1335,20 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                 }
             }
         }
-        Err(e) if entry.fstype == FSTYPE => {
+        Err(e) if is_checkpointfs_mount(&entry) => {
             eprintln!(
                 "checkpointfs: warning: cannot reach the daemon of {shown} ({}); unmounting \
                  without waiting for it",
                 io_error_text(&e)
             );
             None
+        }
+        Err(e) if errno_of(&e) == libc::ENOTCONN => {
+            eprintln!(
+                "checkpointfs: {shown} is a FUSE mount whose daemon is gone, and it is not \
+                 recognizably checkpointfs; if it was, clean it up with: umount -l {shown}"
+            );
+            return EXIT_FAILURE;
         }
         Err(_) => return not_ours(),
     };
@@ -1694,6 +1741,19 @@ mod tests {
         assert_eq!(m[1].mount_point, PathBuf::from("/tmp/m"));
         assert_eq!(m[1].fstype, FSTYPE);
         assert_eq!(m[1].source, OsString::from("/src"));
+        assert!(is_checkpointfs_mount(&m[1]));
+        assert!(!is_checkpointfs_mount(&m[0]));
+        let direct = MountEntry {
+            mount_point: "/m".into(),
+            fstype: "fuse".into(),
+            source: "checkpointfs".into(),
+        };
+        assert!(is_checkpointfs_mount(&direct));
+        let other = MountEntry {
+            source: "sshfs#host:".into(),
+            ..direct
+        };
+        assert!(!is_checkpointfs_mount(&other));
         assert_eq!(
             unescape_mountinfo(b"a\\134b\\011c\\012"),
             OsString::from("a\\b\tc\n")
