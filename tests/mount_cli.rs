@@ -521,7 +521,6 @@ fn umount_refuses_what_is_not_a_checkpointfs_mount() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn mount_then_umount_leaves_no_mount_and_no_process() {
     let mut t = TestMount::new();
     let pid = t.pid().unwrap();
@@ -555,7 +554,6 @@ fn mount_then_umount_leaves_no_mount_and_no_process() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn daemon_is_detached_with_its_own_session_and_log() {
     let t = TestMount::new();
     let pid = t.pid().unwrap();
@@ -580,7 +578,6 @@ fn daemon_is_detached_with_its_own_session_and_log() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn mount_passes_the_source_through() {
     let mut t = TestMount::unmounted(&[]);
     fs::create_dir_all(t.src.join("a/b")).unwrap();
@@ -592,7 +589,6 @@ fn mount_passes_the_source_through() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn remount_and_kill9_recovery() {
     let mut t = TestMount::with_args(&["--no-passthrough", "--threads", "1"]);
     fs::write(t.mnt.join("f"), b"1").unwrap();
@@ -607,7 +603,6 @@ fn remount_and_kill9_recovery() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn second_mount_of_the_same_state_dir_is_refused() {
     let t = TestMount::new();
     let other = t.root().join("mnt2");
@@ -634,7 +629,6 @@ fn second_mount_of_the_same_state_dir_is_refused() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn umount_of_a_busy_mount_fails_then_lazy_waits_for_the_daemon() {
     let t = TestMount::new();
     let pid = t.pid().unwrap();
@@ -672,7 +666,6 @@ fn umount_of_a_busy_mount_fails_then_lazy_waits_for_the_daemon() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn foreground_mount_serves_until_unmounted() {
     let t = TestMount::unmounted(&[]);
     let mut child = Command::new(BIN)
@@ -707,7 +700,6 @@ fn foreground_mount_serves_until_unmounted() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn sigterm_unmounts_and_exits_cleanly() {
     let t = TestMount::new();
     let pid = t.pid().unwrap();
@@ -725,7 +717,6 @@ fn sigterm_unmounts_and_exits_cleanly() {
 }
 
 #[test]
-#[ignore = "needs the filesystem core"]
 fn checkpoint_command() {
     let t = TestMount::new();
     let out = cli(&["checkpoint".as_ref(), os(&t.mnt), "m1".as_ref()]);
