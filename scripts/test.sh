@@ -48,7 +48,10 @@ source "$ROOT/scripts/lib/mounts.sh"
 
 CARGO_TEST_TIMEOUT=${CARGO_TEST_TIMEOUT:-2400}
 POSIX_SUITES_TIMEOUT=${POSIX_SUITES_TIMEOUT:-2400}
+export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 command -v cargo >/dev/null || { echo "test.sh: cargo not found in PATH" >&2; exit 2; }
+# A fresh machine has none of fio, mkfs.btrfs, pjdfstest, fsx...: install what is missing.
+"$ROOT/scripts/install-test-deps.sh" || { echo "test.sh: installing test prerequisites failed" >&2; exit 1; }
 
 # Scratch root: TMPDIR for cargo test and parent of the POSIX suites' mounts. Short
 # path on purpose (pjdfstest binds unix sockets deep below it; sun_path is 108 bytes).
