@@ -19,7 +19,6 @@ export DEBIAN_FRONTEND=noninteractive
 export HOME
 export PATH="$HOME/.cargo/bin:$PATH"
 T0=$EPOCHREALTIME
-say() { echo "ci: $* ($(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s)"; }
 say "checking test prerequisites on $(uname -r), $(nproc) cores, $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
 
 # ---- Debian packages (only when something is missing) ---------------------------------
