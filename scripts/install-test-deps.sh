@@ -15,10 +15,6 @@ export HOME
 export PATH="$HOME/.cargo/bin:$PATH"
 
 export DEBIAN_FRONTEND=noninteractive
-: "${HOME:=$(getent passwd "$(id -u)" | cut -d: -f6)}"
-export HOME
-export PATH="$HOME/.cargo/bin:$PATH"
-T0=$EPOCHREALTIME
 say "checking test prerequisites on $(uname -r), $(nproc) cores, $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
 
 # ---- Debian packages (only when something is missing) ---------------------------------
