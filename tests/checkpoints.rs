@@ -548,3 +548,65 @@ fn identical_content_is_stored_once() {
         .count();
     assert_eq!(big_objects, 1);
 }
+
+#[test]
+fn rewind_never_follows_a_symlink_out_of_the_tree() {
+    let m = seeded(&[]);
+    checkpoint(&m, "m1");
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("b.txt"), "outside\n").unwrap();
+    // Replace dir/ by a symlink to a directory outside the tree.
+    sh(
+        &m,
+        &format!("rm -r dir && ln -s {} dir", outside.path().display()),
+    );
+    rewind(&m, "m1", &[]);
+    assert_eq!(
+        fs::read_to_string(outside.path().join("b.txt")).unwrap(),
+        "outside\n"
+    );
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1);
+    assert!(fs::symlink_metadata(m.mnt.join("dir")).unwrap().is_dir());
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("dir/b.txt")).unwrap(),
+        "bravo\n"
+    );
+}
+
+#[test]
+fn a_corrupt_transcript_is_a_clear_error_naming_the_line_and_a_torn_tail_is_dropped() {
+    let mut m = seeded(&[]);
+    checkpoint(&m, "m1");
+    sh(&m, "echo x > a.txt");
+    checkpoint(&m, "m2");
+    m.umount();
+    let path = m.state.join("transcript.jsonl");
+    let good = fs::read_to_string(&path).unwrap();
+
+    // A torn last line (a crash during an append) is dropped with a warning.
+    fs::write(&path, format!("{good}{{\"type\":\"file-hist")).unwrap();
+    m.mount();
+    assert_eq!(
+        fs::read_to_string(at(&m, "m1").join("a.txt")).unwrap(),
+        "alpha\nbeta\n"
+    );
+    assert!(m.daemon_log().contains("torn"), "{}", m.daemon_log());
+    m.umount();
+
+    // Corruption in the middle refuses the mount, naming the line; nothing is changed.
+    let mut lines: Vec<&str> = good.lines().collect();
+    lines[1] = "{ this is not json";
+    let corrupt = lines.join("\n") + "\n";
+    fs::write(&path, &corrupt).unwrap();
+    let out = cli(&[
+        "mount",
+        m.src.to_str().unwrap(),
+        m.mnt.to_str().unwrap(),
+        "--state-dir",
+        m.state.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+    assert!(!common::is_mount_point(&m.mnt));
+    assert_eq!(fs::read_to_string(&path).unwrap(), corrupt);
+}
