@@ -124,11 +124,17 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
 
-    /// Do not record history for paths matching GLOB (relative to the mount root, e.g.
-    /// 'target/**' or '**/*.o'); may be given several times. Excluded paths are still
-    /// passed through.
+    /// Do not record history for paths matching GLOB; may be given several times. A
+    /// pattern without '/' matches a name at any depth ('target', '*.o'); one with '/' is
+    /// anchored at the mount root ('build/out'). Everything below a matched directory is
+    /// excluded too. Excluded paths are still passed through; rewind leaves them alone.
     #[arg(long = "exclude", value_name = "GLOB", value_parser = parse_glob)]
     pub excludes: Vec<String>,
+
+    /// Read more --exclude patterns from FILE: one per line, blank lines and lines
+    /// starting with '#' ignored; may be given several times
+    #[arg(long = "exclude-from", value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
 
     /// Print one line with the state dir and daemon pid once mounted
     #[arg(short, long)]
@@ -238,6 +244,23 @@ fn parse_threads(s: &str) -> Result<usize, String> {
         Ok(n) if (1..=1024).contains(&n) => Ok(n),
         _ => Err(format!("'{s}' is not a thread count between 1 and 1024")),
     }
+}
+
+/// The patterns of an --exclude-from file; errors name the file and line.
+fn read_exclude_file(path: &Path) -> Result<Vec<String>, String> {
+    let text = fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --exclude-from file {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        parse_glob(line)
+            .map_err(|e| format!("{} line {}: '{line}': {e}", path.display(), i + 1))?;
+        out.push(line.to_string());
+    }
+    Ok(out)
 }
 
 fn parse_glob(s: &str) -> Result<String, String> {
@@ -850,6 +873,16 @@ fn mount(a: MountArgs) -> i32 {
         );
         return EXIT_FAILURE;
     }
+    let mut excludes = a.excludes;
+    for file in &a.exclude_from {
+        match read_exclude_file(file) {
+            Ok(mut patterns) => excludes.append(&mut patterns),
+            Err(msg) => {
+                eprintln!("checkpointfs: cannot mount: {msg}");
+                return EXIT_USAGE;
+            }
+        }
+    }
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -860,7 +893,7 @@ fn mount(a: MountArgs) -> i32 {
         threads,
         passthrough: !a.no_passthrough,
         allow_other: a.allow_other,
-        excludes: a.excludes,
+        excludes,
     };
     if a.foreground {
         run_foreground(cfg)

@@ -610,3 +610,44 @@ fn a_corrupt_transcript_is_a_clear_error_naming_the_line_and_a_torn_tail_is_drop
     assert!(!common::is_mount_point(&m.mnt));
     assert_eq!(fs::read_to_string(&path).unwrap(), corrupt);
 }
+
+#[test]
+fn exclude_from_reads_patterns_and_refuses_a_bad_one_naming_the_line() {
+    let lists = tempfile::tempdir().unwrap();
+    let mut m = TestMount::unmounted(&[]);
+    seed(&m.src);
+    let list = lists.path().join("excludes.txt");
+    fs::write(&list, "# build output\n\nnode_modules\n*.tmp\n").unwrap();
+    let bad = lists.path().join("bad.txt");
+    fs::write(&bad, "ok\n[unclosed\n").unwrap();
+    let out = cli(&[
+        "mount",
+        m.src.to_str().unwrap(),
+        m.mnt.to_str().unwrap(),
+        "--state-dir",
+        m.state.to_str().unwrap(),
+        "--exclude-from",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+    assert!(!common::is_mount_point(&m.mnt));
+
+    m = TestMount::unmounted(&["--exclude-from", list.to_str().unwrap()]);
+    seed(&m.src);
+    m.mount();
+    checkpoint(&m, "m1");
+    sh(
+        &m,
+        "mkdir -p node_modules/x && echo js > node_modules/x/i.js && echo t > s.tmp && echo a > a.txt",
+    );
+    rewind(&m, "m1", &[]);
+    assert!(m.mnt.join("node_modules/x/i.js").exists());
+    assert!(m.mnt.join("s.tmp").exists());
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("a.txt")).unwrap(),
+        "alpha\nbeta\n"
+    );
+    let out = cli(&["status", m.mnt.to_str().unwrap()]);
+    assert!(stdout(&out).contains("node_modules"), "{}", stdout(&out));
+}
