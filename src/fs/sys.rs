@@ -343,3 +343,31 @@ impl Drop for FsCredsGuard {
 pub fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
+
+/// Opens `rel` (a `/`-separated path, "" for `dir` itself) beneath `dir` with
+/// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`: no symlink is followed, not even the last
+/// component (O_NOFOLLOW), so the result is always inside the tree `dir` roots.
+pub fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let path = if rel.is_empty() { "." } else { rel };
+    let c = std::ffi::CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_how is plain data; all-zero is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
+    how.mode = u64::from(mode);
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: valid fd, C string and open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}

@@ -57,7 +57,7 @@ impl History {
         match p {
             Point::Origin => self.entry_at(None, rel.as_bytes()),
             Point::Checkpoint(k) => self.entry_at(Some(k), rel.as_bytes()),
-            Point::Now => self.now_entry(rel),
+            Point::Now => self.live_entry(rel),
         }
     }
 

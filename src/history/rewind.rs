@@ -58,45 +58,7 @@ impl Step {
     }
 }
 
-/// The current state of `rel` in SRC, in the same terms as a view entry (content as a
-/// sha256 for files and the raw target for symlinks).
-struct Current {
-    kind: EntryKind,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    mtime: (i64, u32),
-    size: u64,
-}
-
 impl History {
-    fn current(&self, rel: &str) -> io::Result<Option<Current>> {
-        let fd = match self.open_beneath(rel) {
-            Ok(fd) => fd,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
-        };
-        let st = sys::fstat(fd.as_fd())?;
-        let Some(meta) = super::track::meta_of(&st) else {
-            return Ok(None);
-        };
-        Ok(Some(Current {
-            kind: meta.kind,
-            mode: meta.mode,
-            uid: meta.uid,
-            gid: meta.gid,
-            mtime: (meta.mtime_sec, meta.mtime_nsec),
-            size: meta.size,
-        }))
-    }
-
     /// Whether the content of `rel` now equals the target's (called only when the kinds
     /// and, for files, the sizes agree).
     fn same_content(&self, rel: &str, target: &ViewEntry) -> io::Result<bool> {
@@ -165,7 +127,7 @@ impl History {
             .filter(|p| selected(p) && !self.is_excluded(p))
         {
             let target = self.view_entry(k, path.as_bytes())?;
-            let current = self.current(path)?;
+            let current = self.current_meta(path)?;
             match (current, target) {
                 (None, None) => {}
                 (Some(cur), None) => steps.push(Step::Remove {
@@ -197,7 +159,8 @@ impl History {
                     } else if cur.mode != m.mode
                         || cur.uid != m.uid
                         || cur.gid != m.gid
-                        || (m.kind == EntryKind::File && cur.mtime != (m.mtime_sec, m.mtime_nsec))
+                        || (m.kind == EntryKind::File
+                            && (cur.mtime_sec, cur.mtime_nsec) != (m.mtime_sec, m.mtime_nsec))
                     {
                         steps.push(Step::Metadata {
                             path: path.clone(),
@@ -301,30 +264,8 @@ fn open_mount_root(history: &History) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Opens `rel` beneath `root` with `flags`, never following a symlink on the way.
 fn open_in(root: &OwnedFd, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    let path = if rel.is_empty() { "." } else { rel };
-    let c = CString::new(path).map_err(|_| errno(libc::EINVAL))?;
-    // SAFETY: open_how is plain data; zero is its default.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
-    how.mode = u64::from(mode);
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: valid fd, C string and open_how.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    sys::open_beneath(root.as_fd(), rel, flags, mode)
 }
 
 fn parent_and_name(rel: &str) -> (&str, CString) {
@@ -539,30 +480,4 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
             libc::AT_SYMLINK_NOFOLLOW,
         )
     })
-}
-
-impl History {
-    pub(crate) fn now_entry(&self, rel: &str) -> io::Result<Option<ViewEntry>> {
-        // The live tree is a "view" whose content is read from SRC.
-        let Some(cur) = self.current(rel)? else {
-            return Ok(None);
-        };
-        let meta = crate::transcript::record::EntryMeta {
-            kind: cur.kind,
-            mode: cur.mode,
-            uid: cur.uid,
-            gid: cur.gid,
-            size: cur.size,
-            mtime_sec: cur.mtime.0,
-            mtime_nsec: cur.mtime.1,
-            rdev: None,
-        };
-        let content = match cur.kind {
-            EntryKind::File | EntryKind::Symlink => {
-                super::view::ViewContent::Live(self.source().join(rel))
-            }
-            _ => super::view::ViewContent::None,
-        };
-        Ok(Some(ViewEntry { meta, content }))
-    }
 }

@@ -566,47 +566,41 @@ impl History {
     }
 
     /// Opens `rel` beneath SRC without following any symlink (not even in the middle).
+    /// Opens `rel` beneath SRC without following any symlink (not even in the middle).
     pub(crate) fn open_beneath(&self, rel: &str) -> io::Result<OwnedFd> {
-        let path = if rel.is_empty() { "." } else { rel };
-        let c = CString::new(path).map_err(|_| errno(libc::EINVAL))?;
-        // SAFETY: open_how is plain data; all-zero is its documented default.
-        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-        how.flags = (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
-        how.resolve =
-            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-        // SAFETY: valid fd, C string and open_how of the right size.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                self.source_fd.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const libc::open_how,
-                std::mem::size_of::<libc::open_how>(),
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        sys::open_beneath(self.source_fd.as_fd(), rel, libc::O_PATH, 0)
     }
 
-    /// The current state of `rel` in SRC, content copied into the store. The bool says
-    /// whether the store was written (so the record must be synced with it).
-    pub(crate) fn capture(&self, rel: &str) -> io::Result<(VersionState, bool)> {
-        let fd = match self.open_beneath(rel) {
-            Ok(fd) => fd,
-            // ENOTDIR: a parent is now a file; ELOOP: a parent is a symlink — either way
-            // nothing exists at this path in the tree.
+    /// `open_beneath`, with "nothing there" as `None`: ENOENT, and also ENOTDIR (a parent is
+    /// now a file) and ELOOP (a parent is a symlink), since then no such path is in the tree.
+    pub(crate) fn open_existing(&self, rel: &str) -> io::Result<Option<OwnedFd>> {
+        match self.open_beneath(rel) {
+            Ok(fd) => Ok(Some(fd)),
             Err(e)
                 if matches!(
                     e.raw_os_error(),
                     Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
                 ) =>
             {
-                return Ok((VersionState::Absent, false));
+                Ok(None)
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Type, mode, owner, size and mtime of `rel` in SRC now, `None` if absent.
+    pub(crate) fn current_meta(&self, rel: &str) -> io::Result<Option<EntryMeta>> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok(None);
+        };
+        Ok(meta_of(&sys::fstat(fd.as_fd())?))
+    }
+
+    /// The current state of `rel` in SRC, content copied into the store. The bool says
+    /// whether the store was written (so the record must be synced with it).
+    pub(crate) fn capture(&self, rel: &str) -> io::Result<(VersionState, bool)> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok((VersionState::Absent, false));
         };
         let st = sys::fstat(fd.as_fd())?;
         let Some(mut meta) = meta_of(&st) else {
@@ -767,17 +761,8 @@ impl History {
     /// The state of `path` at a checkpoint, without copying file data: regular files become
     /// pending (filled later), everything else is recorded at once.
     fn capture_cheap(&self, rel: &str) -> io::Result<VersionState> {
-        let fd = match self.open_beneath(rel) {
-            Ok(fd) => fd,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
-                ) =>
-            {
-                return Ok(VersionState::Absent);
-            }
-            Err(e) => return Err(e),
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok(VersionState::Absent);
         };
         let st = sys::fstat(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {

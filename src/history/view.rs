@@ -76,26 +76,17 @@ impl History {
         }
     }
 
-    fn live_entry(&self, rel: &str) -> io::Result<Option<ViewEntry>> {
+    /// `rel` as it is in SRC now (untracked paths in a view; the live side of a diff).
+    pub(crate) fn live_entry(&self, rel: &str) -> io::Result<Option<ViewEntry>> {
         self.live_entry_bytes(rel.as_bytes())
     }
 
     fn live_entry_bytes(&self, rel: &[u8]) -> io::Result<Option<ViewEntry>> {
         let rel_s = String::from_utf8_lossy(rel);
-        let fd = match self.open_beneath_bytes(rel) {
-            Ok(fd) => fd,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
+        let Ok(rel_str) = std::str::from_utf8(rel) else {
+            return Ok(None);
         };
-        let st = sys::fstat(fd.as_fd())?;
-        let Some(meta) = super::track::meta_of(&st) else {
+        let Some(meta) = self.current_meta(rel_str)? else {
             return Ok(None);
         };
         let content = match meta.kind {
@@ -105,11 +96,6 @@ impl History {
             _ => ViewContent::None,
         };
         Ok(Some(ViewEntry { meta, content }))
-    }
-
-    fn open_beneath_bytes(&self, rel: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
-        let s = std::str::from_utf8(rel).map_err(|_| errno(libc::ENOENT))?;
-        self.open_beneath(s)
     }
 
     /// Names and kinds in directory `rel` at checkpoint `k`, sorted by name.
