@@ -740,28 +740,7 @@ impl PassthroughFs {
         if virt::is_virtual(ino) {
             return self.virt.readdir(self, ino, fh, offset, &mut |e| emit(e));
         }
-        let handle = self.file_handle(fh)?;
-        let Handle::Dir(d) = &*handle else {
-            return Err(errno(libc::ENOTDIR));
-        };
-        let hide_control = d.inode.ino == ROOT_INO;
-        let mut stream = d.stream.lock().unwrap_or_else(|p| p.into_inner());
-        stream.seek(offset);
-        while let Some(e) = stream.next_entry()? {
-            if hide_control && e.name == CONTROL_DIR_NAME {
-                continue;
-            }
-            let out = DirEntryOut {
-                ino: e.ino,
-                offset: e.offset,
-                kind: kind_from_dtype(e.d_type),
-                name: e.name,
-            };
-            if emit(out) {
-                break;
-            }
-        }
-        Ok(())
+        self.each_entry(fh, offset, &mut |_, out| Ok(emit(out)))
     }
 
     /// Like `readdir`, with a lookup for every entry but `.` and `..`. `emit` gets the entry
@@ -777,6 +756,32 @@ impl PassthroughFs {
         if virt::is_virtual(ino) {
             return self.virt.readdirplus(self, ino, fh, offset, emit);
         }
+        self.each_entry(fh, offset, &mut |dir, out| {
+            if out.name == b"." || out.name == b".." {
+                return Ok(emit(out, None));
+            }
+            let entry = match self.lookup_in(dir, OsStr::from_bytes(out.name)) {
+                Ok(entry) => entry,
+                // Raced with an unlink: skip it, as a later readdir would.
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+                Err(err) => return Err(err),
+            };
+            let full = emit(out, Some(&entry));
+            if full {
+                self.inodes.forget(entry.attr.ino.0, 1);
+            }
+            Ok(full)
+        })
+    }
+
+    /// Walks directory handle `fh` from `offset`, hiding `.checkpoint` at the root, until
+    /// `each` returns `true` (the reply is full) or the directory ends.
+    fn each_entry(
+        &self,
+        fh: u64,
+        offset: i64,
+        each: &mut dyn FnMut(&Inode, DirEntryOut<'_>) -> io::Result<bool>,
+    ) -> io::Result<()> {
         let handle = self.file_handle(fh)?;
         let Handle::Dir(d) = &*handle else {
             return Err(errno(libc::ENOTDIR));
@@ -794,21 +799,7 @@ impl PassthroughFs {
                 kind: kind_from_dtype(e.d_type),
                 name: e.name,
             };
-            if e.name == b"." || e.name == b".." {
-                if emit(out, None) {
-                    break;
-                }
-                continue;
-            }
-            let name = OsStr::from_bytes(e.name);
-            let entry = match self.lookup_in(&d.inode, name) {
-                Ok(entry) => entry,
-                // Raced with an unlink: skip it, as a later readdir would.
-                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
-                Err(err) => return Err(err),
-            };
-            if emit(out, Some(&entry)) {
-                self.inodes.forget(entry.attr.ino.0, 1);
+            if each(&d.inode, out)? {
                 break;
             }
         }
