@@ -5,8 +5,8 @@ export LC_ALL=C
 
 usage() {
     cat <<'EOF'
-usage: scripts/bench.sh [--quick] [--strict] [--native-only] [--no-np] [--bin PATH]
-                        [--out DIR] [--help]
+usage: scripts/bench.sh [--quick] [--strict] [--runs N] [--native-only] [--no-np]
+                        [--bin PATH] [--out DIR] [--help]
 
 Runs scripts/fsbench.sh (the maintainers' harness: fio sequential 1 GiB write/read,
 4 KiB random write/read, 10,000 small files create/stat/read/delete, git add+commit and
@@ -25,11 +25,14 @@ Options:
   --quick        smoke run: 128 MiB seq, 64 MiB/3 s random, 2,000 small files,
                  1,000-file git tree, ~10 MB tarball (bars still printed, indicative only)
   --strict       exit 1 if a bar fails (default: exit 0 regardless of the bars)
+  --runs N       N rounds (native, mount, no-passthrough mount in turn); the table shows
+                 per-workload medians (default 1; 3 recommended on a noisy machine)
   --native-only  only the native run (no binary needed)
   --no-np        skip the --no-passthrough sequential run
   --bin PATH     checkpointfs binary (default $CHECKPOINTFS_BIN or target/release/checkpointfs)
-  --out DIR      results dir (default target/bench-results/TIMESTAMP): native.txt,
-                 mount.txt, mount-np.txt, table.txt, table.md
+  --out DIR      results dir (default target/bench-results/TIMESTAMP): per round
+                 native.R.txt, mount.R.txt, mount-np.R.txt; medians native.txt, mount.txt,
+                 mount-np.txt; table.txt, table.md
   -h, --help     this text
 
 Needs root (drop_caches, FUSE mount). Machines are noisy: compare ratios from one run.
@@ -42,13 +45,14 @@ CPFS_WHO=bench
 # shellcheck source=lib/mounts.sh
 source "$ROOT/scripts/lib/mounts.sh"
 
-QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 BIN= OUT=
+QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 BIN= OUT= RUNS=1
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
         --strict) STRICT=1 ;;
         --native-only) NATIVE_ONLY=1 ;;
         --no-np) NP=0 ;;
+        --runs) RUNS=${2:?--runs needs a number}; shift ;;
         --bin) BIN=${2:?--bin needs a path}; shift ;;
         --out) OUT=${2:?--out needs a dir}; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -57,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 die() { echo "bench: ERROR: $*" >&2; exit 2; }
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs needs a positive number"
 [[ $(id -u) == 0 ]] || die "must run as root (drop_caches, FUSE mount)"
 for t in fio jq python3 git tar; do command -v "$t" >/dev/null || die "missing tool: $t"; done
 if [[ $NATIVE_ONLY == 0 ]]; then
@@ -79,7 +84,7 @@ case $(stat -f -c %T "$PARENT") in
 esac
 BASE=$(mktemp -d "$PARENT/cpfs-bench.XXXXXX")
 SRC=$BASE/src MNT=$BASE/mnt STATE=$BASE/state
-mkdir -p "$SRC" "$MNT" "$STATE"
+mkdir -p "$SRC" "$MNT"
 DAEMON_LOG=$OUT/daemon.log
 : > "$DAEMON_LOG"
 
@@ -104,51 +109,81 @@ trap 'exit 129' HUP
 FSBENCH=$ROOT/scripts/fsbench.sh
 echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes'); results $OUT"
 
-echo "bench: native run in $SRC"
-cpfs_run "$FSBENCH" "$SRC" "$OUT/native.txt"
+# ---- checkpoint-specific benchmarks ---------------------------------------------------
+# ======================================================================================
+# HOOK: checkpoint-specific benchmarks go here (NOT IMPLEMENTED in this script): called
+# while the default-mode mount is live; emit "name value unit" lines into $2:
+#   - layer1_first_write : cost of the first write to an untracked/unchanged file
+#                          (Layer 1 copy-before-write) vs a second write, and vs native
+#   - marker_latency     : time to set a checkpoint marker, vs a shadow-git commit
+#                          (`git add -A && git commit`) of the same tree
+#   - rewind_time        : time to rewind N files / a whole tree to an earlier marker
+# (scripts/bench-checkpoints.sh measures these today, standalone.)
+# ======================================================================================
+checkpoint_benchmarks() { :; }   # checkpoint_benchmarks MNT OUTFILE
 
-if [[ $NATIVE_ONLY == 0 ]]; then
-    echo "bench: mount run in $MNT (default mode)"
-    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" || die "mount failed"
-    cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.txt"
+# Same fio jobs as fsbench.sh's seq_write_1g / seq_read_1g, for the --no-passthrough mount.
+np_seq() {   # np_seq DIR OUTFILE
+    local npw j=$OUT/np-fio.json
+    npw=$(mktemp -d "$1/np.XXXXXX")
+    fio_seq() {
+        cpfs_run fio --output-format=json --output="$j" --ioengine=psync --numjobs=1 \
+            --direct=0 --randrepeat=0 --name=job --filename="$npw/seq.dat" --bs=1M \
+            --size="$SEQ_SIZE" "$@" >/dev/null
+    }
+    : > "$2"
+    fio_seq --rw=write --end_fsync=1
+    echo "seq_write_1g $(jq -r '.jobs[0].write.bw_bytes / 1e6 | . * 10 | round / 10' "$j") MB/s" >> "$2"
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    fio_seq --rw=read
+    echo "seq_read_1g $(jq -r '.jobs[0].read.bw_bytes / 1e6 | . * 10 | round / 10' "$j") MB/s" >> "$2"
+    rm -rf -- "$npw"
+    cat "$2"
+}
 
-    # ======================================================================================
-    # HOOK: checkpoint-specific benchmarks (NOT IMPLEMENTED YET — add them here, while the
-    # default-mode mount is live; emit "name value unit" lines into $OUT/checkpoint.txt):
-    #   - layer1_first_write : cost of the first write to an untracked/unchanged file
-    #                          (Layer 1 copy-before-write) vs a second write, and vs native
-    #   - marker_latency     : time to set a checkpoint marker, vs a shadow-git commit
-    #                          (`git add -A && git commit`) of the same tree
-    #   - rewind_time        : time to rewind N files / a whole tree to an earlier marker
-    # ======================================================================================
-    checkpoint_benchmarks() { :; }
-    checkpoint_benchmarks "$MNT" "$OUT/checkpoint.txt"
+# ---- rounds: native, mount, mount --no-passthrough; repeated --runs times ----------------
+for ((r = 1; r <= RUNS; r++)); do
+    tag=$([[ $RUNS -gt 1 ]] && echo " (round $r/$RUNS)")
+    echo "bench: native run in $SRC$tag"
+    cpfs_run "$FSBENCH" "$SRC" "$OUT/native.$r.txt"
+    [[ $NATIVE_ONLY == 1 ]] && continue
 
+    # A fresh state dir per round keeps the rounds independent.
+    echo "bench: mount run in $MNT (default mode)$tag"
+    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.$r" "$DAEMON_LOG" || die "mount failed"
+    cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.$r.txt"
+    checkpoint_benchmarks "$MNT" "$OUT/checkpoint.$r.txt"
     cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
 
     if [[ $NP == 1 ]]; then
-        echo "bench: --no-passthrough sequential run in $MNT"
-        cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" --no-passthrough || die "mount --no-passthrough failed"
-        # Same fio jobs as fsbench.sh's seq_write_1g / seq_read_1g.
-        NPW=$(mktemp -d "$MNT/np.XXXXXX")
-        J=$OUT/np-fio.json
-        fio_seq() {
-            cpfs_run fio --output-format=json --output="$J" --ioengine=psync --numjobs=1 \
-                --direct=0 --randrepeat=0 --name=job --filename="$NPW/seq.dat" --bs=1M \
-                --size="$SEQ_SIZE" "$@" >/dev/null
-        }
-        : > "$OUT/mount-np.txt"
-        fio_seq --rw=write --end_fsync=1
-        echo "seq_write_1g $(jq -r '.jobs[0].write.bw_bytes / 1e6 | . * 10 | round / 10' "$J") MB/s" >> "$OUT/mount-np.txt"
-        sync; echo 3 > /proc/sys/vm/drop_caches
-        fio_seq --rw=read
-        echo "seq_read_1g $(jq -r '.jobs[0].read.bw_bytes / 1e6 | . * 10 | round / 10' "$J") MB/s" >> "$OUT/mount-np.txt"
-        rm -rf -- "$NPW"
-        cat "$OUT/mount-np.txt"
+        echo "bench: --no-passthrough sequential run in $MNT$tag"
+        cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.np.$r" "$DAEMON_LOG" --no-passthrough \
+            || die "mount --no-passthrough failed"
+        np_seq "$MNT" "$OUT/mount-np.$r.txt"
         cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
     fi
     CPFS_MOUNTS=()
-fi
+done
+
+# Per workload: the median over the rounds (the value itself for one round).
+median_of() {   # median_of OUTFILE INFILES...
+    local out=$1
+    shift
+    [[ $# -gt 0 ]] || { : > "$out"; return; }
+    awk '{ if (!($1 in unit)) { order[++n] = $1; unit[$1] = $3 } v[$1, ++c[$1]] = $2 }
+        END { for (i = 1; i <= n; i++) { w = order[i]; k = c[w]
+                for (a = 1; a <= k; a++) x[a] = v[w, a] + 0
+                for (a = 2; a <= k; a++) { t = x[a]; b = a - 1
+                    while (b >= 1 && x[b] > t) { x[b + 1] = x[b]; b-- } x[b + 1] = t }
+                m = (k % 2) ? x[(k + 1) / 2] : (x[k / 2] + x[k / 2 + 1]) / 2
+                print w, m, unit[w] } }' "$@" > "$out"
+}
+shopt -s nullglob
+median_of "$OUT/native.txt" "$OUT"/native.[0-9]*.txt
+median_of "$OUT/mount.txt" "$OUT"/mount.[0-9]*.txt
+median_of "$OUT/mount-np.txt" "$OUT"/mount-np.[0-9]*.txt
+shopt -u nullglob
+[[ $RUNS -gt 1 ]] && echo "bench: table values are medians of $RUNS rounds (per-round files in $OUT)"
 [[ -f $OUT/mount.txt ]] || : > "$OUT/mount.txt"
 [[ -f $OUT/mount-np.txt ]] || : > "$OUT/mount-np.txt"
 
