@@ -110,16 +110,9 @@ FSBENCH=$ROOT/scripts/fsbench.sh
 echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes'); results $OUT"
 
 # ---- checkpoint-specific benchmarks ---------------------------------------------------
-# ======================================================================================
-# HOOK: checkpoint-specific benchmarks go here (NOT IMPLEMENTED in this script): called
-# while the default-mode mount is live; emit "name value unit" lines into $2:
-#   - layer1_first_write : cost of the first write to an untracked/unchanged file
-#                          (Layer 1 copy-before-write) vs a second write, and vs native
-#   - marker_latency     : time to set a checkpoint marker, vs a shadow-git commit
-#                          (`git add -A && git commit`) of the same tree
-#   - rewind_time        : time to rewind N files / a whole tree to an earlier marker
-# (scripts/bench-checkpoints.sh measures these today, standalone.)
-# ======================================================================================
+# Layer 1 first-write cost, marker latency vs a shadow-git commit, rewind time and store size
+# are measured by scripts/bench-checkpoints.sh, run at the end of this script (it needs its
+# own 10,000-file tree and mount); nothing to add inside the fsbench rounds.
 checkpoint_benchmarks() { :; }   # checkpoint_benchmarks MNT OUTFILE
 
 # Same fio jobs as fsbench.sh's seq_write_1g / seq_read_1g, for the --no-passthrough mount.
@@ -230,5 +223,12 @@ if [[ $NATIVE_ONLY == 1 ]]; then
     exit 0
 fi
 echo "bench: $FAILS bar(s) failed. Markdown table: $OUT/table.md"
+echo
+echo "bench: checkpoint costs (scripts/bench-checkpoints.sh)"
+if ! CHECKPOINTFS_BIN=$BIN "$ROOT/scripts/bench-checkpoints.sh" $([[ $QUICK == 1 ]] && echo --files 1000 --changed 10) | tee "$OUT/checkpoints.txt"; then
+    echo "bench: bench-checkpoints.sh failed" >&2
+    FAILS=$((FAILS + 1))
+fi
+grep -q ': FAIL' "$OUT/checkpoints.txt" 2>/dev/null && FAILS=$((FAILS + 1))
 if [[ $STRICT == 1 && $FAILS -gt 0 ]]; then exit 1; fi
 exit 0
