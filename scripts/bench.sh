@@ -136,7 +136,7 @@ np_seq() {   # np_seq DIR OUTFILE
 
 # ---- rounds: native, mount, mount --no-passthrough; repeated --runs times ----------------
 for ((r = 1; r <= RUNS; r++)); do
-    tag=$([[ $RUNS -gt 1 ]] && echo " (round $r/$RUNS)")
+    tag=""; if [[ $RUNS -gt 1 ]]; then tag=" (round $r/$RUNS)"; fi
     echo "bench: native run in $SRC$tag"
     cpfs_run "$FSBENCH" "$SRC" "$OUT/native.$r.txt"
     [[ $NATIVE_ONLY == 1 ]] && continue
