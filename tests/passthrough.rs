@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt, symlink};
 use std::path::Path;
 
 use common::{TestMount, run, stderr, stdout, tree_listing};
@@ -291,6 +291,7 @@ fn inodes_follow_renames_and_survive_unlink(args: &[&str]) {
     fs::create_dir_all(m.mnt.join("g/p")).unwrap();
     let mut f = fs::OpenOptions::new()
         .create(true)
+        .truncate(true)
         .read(true)
         .write(true)
         .open(m.mnt.join("g/p/f"))
