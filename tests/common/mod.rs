@@ -29,6 +29,8 @@ pub struct TestMount {
     pub mnt: PathBuf,
     pub state: PathBuf,
     args: Vec<String>,
+    /// Extra environment for the `mount` command (and so the daemon it starts).
+    env: Vec<(String, String)>,
     /// The daemon this mount started (from STATE/daemon.pid), while it may be alive.
     pid: Option<i32>,
     /// Declared last: removed only after `Drop::drop` has unmounted.
@@ -68,6 +70,7 @@ impl TestMount {
             mnt,
             state,
             args: args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             pid: None,
             tmp,
         }
@@ -81,6 +84,12 @@ impl TestMount {
     /// The extra `mount` arguments this mount was created with.
     pub fn args(&self) -> &[String] {
         &self.args
+    }
+
+    /// Sets `key=value` in the environment of later `mount`s (the daemon inherits it), e.g.
+    /// `RUST_LOG=debug`. Unlike `std::env::set_var`, this affects only this mount.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.push((key.to_string(), value.to_string()));
     }
 
     /// The daemon's pid while mounted by this harness.
@@ -99,7 +108,13 @@ impl TestMount {
             self.state.as_os_str(),
         ];
         args.extend(self.args.iter().map(|a| OsStr::new(a.as_str())));
-        let out = cli(&args);
+        let out = Command::new(BIN)
+            .args(&args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
         if !out.status.success() {
             panic!(
                 "checkpointfs mount failed ({}):\n{}\n--- daemon.log ---\n{}",
