@@ -455,8 +455,14 @@ impl PassthroughFs {
     /// Flags for our own fd: O_CREAT/O_EXCL were handled by the kernel or `create`; O_DIRECT
     /// is left to the kernel (it would make our unaligned buffers fail) and signalled with
     /// FOPEN_DIRECT_IO instead.
+    ///
+    /// O_APPEND is the kernel's too: it turns every append into a WRITE at its idea of EOF,
+    /// so our pwrite must land exactly at the offset it sends. With O_APPEND on our fd, Linux
+    /// pwrite ignores the offset and appends — which breaks the writes the kernel sends for
+    /// a shared mapping's dirty pages (at the page's offset) through an O_APPEND handle. (With
+    /// kernel passthrough the backing file is reopened with the caller's flags anyway.)
     fn own_flags(flags: i32) -> i32 {
-        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)
+        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_APPEND)
     }
 
     fn can_write(flags: i32) -> bool {
