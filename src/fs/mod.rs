@@ -758,7 +758,7 @@ impl PassthroughFs {
                 continue;
             }
             let out = DirEntryOut {
-                ino: e.ino,
+                ino: self.dirent_ino(&d.inode, e.name, e.ino),
                 offset: e.offset,
                 kind: kind_from_dtype(e.d_type),
                 name: e.name,
@@ -768,6 +768,28 @@ impl PassthroughFs {
             }
         }
         Ok(())
+    }
+
+    /// The d_ino to report for entry `name` (SRC's inode number `src_ino`) of `dir`: the
+    /// FUSE inode number `stat` through the mount shows. That is SRC's own number for most
+    /// objects (see [`inodes`]); a remapped object has its number once the table knows it.
+    /// `.` and `..` are the directory's and its parent's (the root's at the root).
+    fn dirent_ino(&self, dir: &Inode, name: &[u8], src_ino: u64) -> u64 {
+        match name {
+            b"." => dir.ino,
+            b".." if dir.ino == ROOT_INO => ROOT_INO,
+            b".." => sys::fstatat(dir.fd.as_fd(), c"..", libc::AT_SYMLINK_NOFOLLOW)
+                .ok()
+                .and_then(|st| self.inodes.known_ino(inodes::ObjectKey::of(&st)))
+                .unwrap_or(src_ino),
+            _ => self
+                .inodes
+                .known_ino(inodes::ObjectKey {
+                    dev: dir.key.dev,
+                    ino: src_ino,
+                })
+                .unwrap_or(src_ino),
+        }
     }
 
     /// Like `readdir`, with a lookup for every entry but `.` and `..`. `emit` gets the entry
@@ -794,13 +816,18 @@ impl PassthroughFs {
             if hide_control && e.name == CONTROL_DIR_NAME {
                 continue;
             }
+            let is_dot = e.name == b"." || e.name == b"..";
             let out = DirEntryOut {
-                ino: e.ino,
+                ino: if is_dot {
+                    self.dirent_ino(&d.inode, e.name, e.ino)
+                } else {
+                    e.ino
+                },
                 offset: e.offset,
                 kind: kind_from_dtype(e.d_type),
                 name: e.name,
             };
-            if e.name == b"." || e.name == b".." {
+            if is_dot {
                 if emit(out, None) {
                     break;
                 }
