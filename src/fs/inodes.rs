@@ -7,7 +7,16 @@
 //! - Objects are identified by `(st_dev, st_ino)`; one entry per object, so hard links share
 //!   an inode number, and renames (of the object or any ancestor) never make an entry stale:
 //!   the fd follows the object, not a path.
-//! - FUSE inode numbers come from a counter and are never reused, so generation is always 0.
+//! - The FUSE inode number of an object on SRC's own filesystem is its inode number there,
+//!   so `st_ino` through MNT equals SRC's, and stays the same when the kernel forgets an
+//!   object and looks it up again (tools keep inode numbers: git's index, `find -inum`,
+//!   hard-link detection in tar/rsync/du), and plain READDIR's d_ino (SRC's) agrees with
+//!   it. Objects elsewhere (mounts inside SRC), or whose number would collide with the
+//!   root's [`ROOT_INO`] or a reserved bit, get a [`REMAPPED_BIT`] number, remembered for
+//!   the daemon's lifetime so that it is stable too.
+//! - A number is reused only when SRC reuses the inode number, which needs the old object
+//!   freed — impossible while its entry (and O_PATH fd) exists, i.e. while the kernel still
+//!   holds it. FUSE allows reusing a node id after FORGET, so generation is always 0.
 //!
 //! Lock order: `InodeTable::inner` is a leaf lock — nothing else is acquired while holding it.
 use std::collections::HashMap;
@@ -19,6 +28,10 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use fuser::BackingId;
 
 pub const ROOT_INO: u64 = 1;
+
+/// Set in the numbers of objects that cannot use their SRC inode number (see the module
+/// docs). Bit 63 is the virtual tree's ([`super::virt::VIRTUAL_BIT`]).
+pub const REMAPPED_BIT: u64 = 1 << 62;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
@@ -73,11 +86,16 @@ impl Inode {
 struct Inner {
     by_ino: HashMap<u64, Arc<Inode>>,
     by_key: HashMap<ObjectKey, u64>,
+    /// Numbers given to objects that cannot use their own; never pruned, so they stay the
+    /// same across forgets (such objects are rare).
+    remapped: HashMap<ObjectKey, u64>,
 }
 
 pub struct InodeTable {
     inner: RwLock<Inner>,
-    next_ino: AtomicU64,
+    /// SRC's device: objects on it use their own inode number.
+    root_dev: u64,
+    next_remapped: AtomicU64,
 }
 
 impl InodeTable {
@@ -96,7 +114,8 @@ impl InodeTable {
         inner.by_ino.insert(ROOT_INO, root);
         Ok(InodeTable {
             inner: RwLock::new(inner),
-            next_ino: AtomicU64::new(ROOT_INO + 1),
+            root_dev: st.st_dev,
+            next_remapped: AtomicU64::new(1),
         })
     }
 
@@ -117,6 +136,11 @@ impl InodeTable {
         Some(inode.clone())
     }
 
+    /// The FUSE inode number of the object `key`, if known, without adding a lookup.
+    pub fn known_ino(&self, key: ObjectKey) -> Option<u64> {
+        self.read().by_key.get(&key).copied()
+    }
+
     /// Adds one lookup to the object behind `fd` (whose stat is `st`), inserting it if new.
     pub fn lookup_or_insert(&self, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
         let key = ObjectKey::of(st);
@@ -127,7 +151,7 @@ impl InodeTable {
             inode.lookups.fetch_add(1, Ordering::Relaxed);
             return inode.clone();
         }
-        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        let ino = self.number_for(&mut inner, key);
         let inode = Arc::new(Inode {
             ino,
             key,
@@ -139,6 +163,22 @@ impl InodeTable {
         inner.by_key.insert(key, ino);
         inner.by_ino.insert(ino, inode.clone());
         inode
+    }
+
+    /// The FUSE inode number for a new entry of object `key` (see the module docs).
+    fn number_for(&self, inner: &mut Inner, key: ObjectKey) -> u64 {
+        let reserved = REMAPPED_BIT | super::virt::VIRTUAL_BIT;
+        if key.dev == self.root_dev
+            && key.ino != ROOT_INO
+            && key.ino & reserved == 0
+            && !inner.by_ino.contains_key(&key.ino)
+        {
+            return key.ino;
+        }
+        *inner
+            .remapped
+            .entry(key)
+            .or_insert_with(|| REMAPPED_BIT | self.next_remapped.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Drops `n` lookups; the entry goes at zero. Unknown inodes are ignored (forget has no

@@ -455,8 +455,14 @@ impl PassthroughFs {
     /// Flags for our own fd: O_CREAT/O_EXCL were handled by the kernel or `create`; O_DIRECT
     /// is left to the kernel (it would make our unaligned buffers fail) and signalled with
     /// FOPEN_DIRECT_IO instead.
+    ///
+    /// O_APPEND is the kernel's too: it turns every append into a WRITE at its idea of EOF,
+    /// so our pwrite must land exactly at the offset it sends. With O_APPEND on our fd, Linux
+    /// pwrite ignores the offset and appends — which breaks the writes the kernel sends for
+    /// a shared mapping's dirty pages (at the page's offset) through an O_APPEND handle. (With
+    /// kernel passthrough the backing file is reopened with the caller's flags anyway.)
     fn own_flags(flags: i32) -> i32 {
-        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT)
+        flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_APPEND)
     }
 
     fn can_write(flags: i32) -> bool {
@@ -743,6 +749,28 @@ impl PassthroughFs {
         self.each_entry(fh, offset, &mut |_, out| Ok(emit(out)))
     }
 
+    /// The d_ino to report for entry `name` (SRC's inode number `src_ino`) of `dir`: the
+    /// FUSE inode number `stat` through the mount shows. That is SRC's own number for most
+    /// objects (see [`inodes`]); a remapped object has its number once the table knows it.
+    /// `.` and `..` are the directory's and its parent's (the root's at the root).
+    fn dirent_ino(&self, dir: &Inode, name: &[u8], src_ino: u64) -> u64 {
+        match name {
+            b"." => dir.ino,
+            b".." if dir.ino == ROOT_INO => ROOT_INO,
+            b".." => sys::fstatat(dir.fd.as_fd(), c"..", libc::AT_SYMLINK_NOFOLLOW)
+                .ok()
+                .and_then(|st| self.inodes.known_ino(inodes::ObjectKey::of(&st)))
+                .unwrap_or(src_ino),
+            _ => self
+                .inodes
+                .known_ino(inodes::ObjectKey {
+                    dev: dir.key.dev,
+                    ino: src_ino,
+                })
+                .unwrap_or(src_ino),
+        }
+    }
+
     /// Like `readdir`, with a lookup for every entry but `.` and `..`. `emit` gets the entry
     /// (None for the dot entries) and returns `true` when full, in which case the lookup it
     /// was given is undone.
@@ -794,7 +822,7 @@ impl PassthroughFs {
                 continue;
             }
             let out = DirEntryOut {
-                ino: e.ino,
+                ino: self.dirent_ino(&d.inode, e.name, e.ino),
                 offset: e.offset,
                 kind: kind_from_dtype(e.d_type),
                 name: e.name,
