@@ -205,14 +205,6 @@ impl InodeTable {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.read().by_ino.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }

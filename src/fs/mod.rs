@@ -107,10 +107,6 @@ impl PassthroughFs {
         self.gate.history()
     }
 
-    pub fn gate(&self) -> &Gate {
-        &self.gate
-    }
-
     /// Kernel passthrough could not be set up: serve IO in the daemon from now on.
     pub fn disable_passthrough(&self, why: &str) {
         if self.passthrough.swap(false, Ordering::Relaxed) {
@@ -290,22 +286,8 @@ impl PassthroughFs {
         mode: u32,
         rdev: u32,
     ) -> io::Result<Entry> {
-        let parent = self.real_parent(parent)?;
-        Self::refuse_control_name(&parent, name)?;
-        with_name(name, |c| {
-            let permit = self.gate.permit(
-                caller,
-                Change::Entry {
-                    parent: &parent,
-                    name,
-                },
-            )?;
-            {
-                let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                mutate::mknodat(&permit, parent.fd.as_fd(), c, mode, u64::from(rdev))?;
-            }
-            drop(permit);
-            self.lookup_in(&parent, name)
+        self.create_entry(caller, parent, name, &|permit, dir, c| {
+            mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
         })
     }
 
@@ -316,22 +298,8 @@ impl PassthroughFs {
         name: &OsStr,
         mode: u32,
     ) -> io::Result<Entry> {
-        let parent = self.real_parent(parent)?;
-        Self::refuse_control_name(&parent, name)?;
-        with_name(name, |c| {
-            let permit = self.gate.permit(
-                caller,
-                Change::Entry {
-                    parent: &parent,
-                    name,
-                },
-            )?;
-            {
-                let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                mutate::mkdirat(&permit, parent.fd.as_fd(), c, mode)?;
-            }
-            drop(permit);
-            self.lookup_in(&parent, name)
+        self.create_entry(caller, parent, name, &|permit, dir, c| {
+            mutate::mkdirat(permit, dir, c, mode)
         })
     }
 
@@ -342,10 +310,24 @@ impl PassthroughFs {
         name: &OsStr,
         target: &std::path::Path,
     ) -> io::Result<Entry> {
-        let parent = self.real_parent(parent)?;
-        Self::refuse_control_name(&parent, name)?;
         let target = std::ffi::CString::new(target.as_os_str().as_bytes())
             .map_err(|_| errno(libc::EINVAL))?;
+        self.create_entry(caller, parent, name, &|permit, dir, c| {
+            mutate::symlinkat(permit, &target, dir, c)
+        })
+    }
+
+    /// The shared path of mknod, mkdir and symlink: gate the new name, create it with the
+    /// caller's fs uid/gid (so it belongs to them), then look it up for the kernel.
+    fn create_entry(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        make: &dyn Fn(&gate::Permit<'_>, BorrowedFd<'_>, &std::ffi::CStr) -> io::Result<()>,
+    ) -> io::Result<Entry> {
+        let parent = self.real_parent(parent)?;
+        Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
             let permit = self.gate.permit(
                 caller,
@@ -356,7 +338,7 @@ impl PassthroughFs {
             )?;
             {
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                mutate::symlinkat(&permit, &target, parent.fd.as_fd(), c)?;
+                make(&permit, parent.fd.as_fd(), c)?;
             }
             drop(permit);
             self.lookup_in(&parent, name)

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use fuser::{FileAttr, FileType, INodeNo};
 
 use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
-use crate::history::{Caller, ViewContent, ViewEntry};
+use crate::history::{Caller, ViewEntry};
 use crate::ids::validate_id;
 use crate::transcript::record::EntryKind;
 
@@ -568,6 +568,3 @@ pub fn file_type_of(kind: EntryKind) -> FileType {
         EntryKind::BlockDevice => FileType::BlockDevice,
     }
 }
-
-/// `ViewContent` is re-exported for the history's callers.
-pub type Content = ViewContent;

@@ -40,7 +40,7 @@ pub mod store;
 mod track;
 mod view;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -260,15 +260,6 @@ impl History {
                 "the state dir is opened read-only (no daemon is serving it)",
             )
         })
-    }
-
-    /// A copy of the per-path histories (for log/diff/status/rewind planning).
-    pub fn snapshot_paths(&self) -> BTreeMap<String, Vec<Version>> {
-        self.lock()
-            .paths
-            .iter()
-            .map(|(k, v)| (k.clone(), v.versions.clone()))
-            .collect()
     }
 }
 
