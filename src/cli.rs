@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::commands::{self, Target};
 use crate::daemon::{self, DaemonConfig};
+use crate::history::logdiff::DiffFormat;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
@@ -189,7 +190,8 @@ pub struct RewindArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(override_usage = "checkpointfs log MNT\n       checkpointfs log --state-dir DIR")]
+#[command(override_usage = "checkpointfs log [--json] MNT\n       \
+    checkpointfs log [--json] --state-dir DIR")]
 pub struct LogArgs {
     /// The checkpointfs mount point (or give --state-dir instead)
     #[arg(
@@ -202,11 +204,17 @@ pub struct LogArgs {
     /// Read the history from this state dir directly (works while unmounted)
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// Print JSON (schema "checkpointfs.log/1", see docs/json-output.md)
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
-#[command(override_usage = "checkpointfs diff MNT M [N]\n       \
-    checkpointfs diff --state-dir DIR M [N]")]
+#[command(
+    override_usage = "checkpointfs diff [--stat] [--json] MNT M [N]\n       \
+    checkpointfs diff [--stat] [--json] --state-dir DIR M [N]"
+)]
 pub struct DiffArgs {
     /// MNT M [N], or M [N] with --state-dir: compare checkpoint M with checkpoint N, or
     /// with the current tree when N is omitted
@@ -216,6 +224,16 @@ pub struct DiffArgs {
     /// Read the history from this state dir directly (works while unmounted)
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// Per path, the number of lines added and removed (as `git diff --stat`) instead of
+    /// the patch
+    #[arg(long)]
+    pub stat: bool,
+
+    /// Print JSON (schema "checkpointfs.diff/1", see docs/json-output.md); with --stat,
+    /// without the patches
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -297,7 +315,7 @@ where
         Command::Checkpoint(a) => commands::checkpoint(&a.mnt, &a.id),
         Command::Rewind(a) => commands::rewind(&a.mnt, &a.id, a.dry_run, &a.paths),
         Command::Log(a) => match target(a.mnt, a.state_dir) {
-            Ok(t) => commands::log(&t),
+            Ok(t) => commands::log(&t, a.json),
             Err(code) => code,
         },
         Command::Diff(a) => diff(a),
@@ -331,6 +349,10 @@ fn target(mnt: Option<PathBuf>, state_dir: Option<PathBuf>) -> Result<Target, i3
 }
 
 fn diff(a: DiffArgs) -> i32 {
+    let format = DiffFormat {
+        stat: a.stat,
+        json: a.json,
+    };
     let mut args = a.args.into_iter();
     let target = match a.state_dir {
         Some(dir) => Target::StateDir(dir),
@@ -363,7 +385,7 @@ fn diff(a: DiffArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
-    commands::diff(&target, from, to)
+    commands::diff(&target, from, to, format)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::control::{self, Request};
+use crate::history::logdiff::DiffFormat;
 use crate::history::{History, HistoryConfig, open_history_readonly};
 use crate::ids::validate_id;
 
@@ -255,18 +256,21 @@ pub fn rewind(mnt: &Path, id: &str, dry_run: bool, paths: &[PathBuf]) -> i32 {
     )
 }
 
-/// `checkpointfs log MNT | --state-dir DIR`.
-pub fn log(target: &Target) -> i32 {
-    report(target, Request::Log, |h| h.log_text())
+/// `checkpointfs log MNT | --state-dir DIR [--json]`.
+pub fn log(target: &Target, json: bool) -> i32 {
+    report(target, Request::Log { json }, |h| h.log_output(json))
 }
 
-/// `checkpointfs diff MNT M [N] | --state-dir DIR M [N]`; `to == None`: the current tree.
-pub fn diff(target: &Target, from: &str, to: Option<&str>) -> i32 {
+/// `checkpointfs diff MNT M [N] | --state-dir DIR M [N]` with `--stat` / `--json`;
+/// `to == None`: the current tree.
+pub fn diff(target: &Target, from: &str, to: Option<&str>, format: DiffFormat) -> i32 {
     let req = Request::Diff {
         from: from.to_string(),
         to: to.map(str::to_string),
+        stat: format.stat,
+        json: format.json,
     };
-    report(target, req, |h| h.diff_text(from, to))
+    report(target, req, |h| h.diff_output(from, to, format))
 }
 
 /// `checkpointfs status MNT | --state-dir DIR [--path P]`.

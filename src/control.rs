@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::daemon::DaemonConfig;
 use crate::fs::PassthroughFs;
+use crate::history::logdiff::DiffFormat;
 
 pub const SOCKET_NAME: &str = "control.sock";
 
@@ -30,10 +31,17 @@ pub enum Request {
         dry_run: bool,
         paths: Vec<String>,
     },
-    Log,
+    Log {
+        #[serde(default)]
+        json: bool,
+    },
     Diff {
         from: String,
         to: Option<String>,
+        #[serde(default)]
+        stat: bool,
+        #[serde(default)]
+        json: bool,
     },
     Status {
         path: Option<String>,
@@ -163,8 +171,18 @@ fn handle(fs: &PassthroughFs, req: Request) -> Response {
             crate::history::rewind::rewind(fs, &id, dry_run, &paths)
         }
         // Reports read the transcript: make it complete first.
-        Request::Log => fs.history().flush().and_then(|()| fs.history().log_text()),
-        Request::Diff { from, to } => fs.history().diff_text(&from, to.as_deref()),
+        Request::Log { json } => fs
+            .history()
+            .flush()
+            .and_then(|()| fs.history().log_output(json)),
+        Request::Diff {
+            from,
+            to,
+            stat,
+            json,
+        } => fs
+            .history()
+            .diff_output(&from, to.as_deref(), DiffFormat { stat, json }),
         Request::Status { path } => fs.history().status_text(path.as_deref()).map(|s| {
             format!(
                 "mount:          live (daemon pid {})\n{s}",

@@ -34,6 +34,7 @@
 //! Lock order: `History::state` → (store, journal, transcript: leaf locks). Nothing holds
 //! `state` while copying file data: a path being copied is marked busy instead, and other
 //! threads wanting that path wait on `busy_cond`.
+pub mod logdiff;
 pub mod report;
 pub mod rewind;
 pub mod store;

@@ -1,13 +1,13 @@
-//! The text of `log`, `diff` and `status`: computed from a history, online (in the daemon)
-//! or offline (a state dir opened read-only).
+//! What changed between two points of a history ([`History::changes`]), and the text of
+//! `status`; computed online (in the daemon) or offline (a state dir opened read-only).
+//! `log` and `diff` are rendered in [`super::logdiff`].
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io;
 
 use super::History;
 use super::view::ViewEntry;
-use crate::transcript::record::{EntryKind, FILE_HISTORY_SNAPSHOT};
-use crate::transcript::replay::read_transcript;
+use crate::transcript::record::EntryKind;
 
 /// A point in the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +19,8 @@ pub enum Point {
     Now,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ChangeKind {
     Added,
     Modified,
@@ -27,7 +28,7 @@ pub enum ChangeKind {
 }
 
 impl ChangeKind {
-    fn letter(self) -> char {
+    pub fn letter(self) -> char {
         match self {
             ChangeKind::Added => 'A',
             ChangeKind::Modified => 'M',
@@ -100,174 +101,6 @@ impl History {
             return Ok(a == b);
         }
         Ok(self.view_read_all(x)? == self.view_read_all(y)?)
-    }
-
-    /// (epoch, path) → names of the processes that changed it, from the transcript. Epoch k
-    /// is the time between checkpoint k-1 and checkpoint k (0: before the first).
-    fn actors_by_epoch(&self) -> io::Result<BTreeMap<(usize, String), BTreeSet<String>>> {
-        let outcome = read_transcript(&self.state_dir().join("transcript.jsonl"))
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        let mut epoch = 0;
-        let mut out: BTreeMap<(usize, String), BTreeSet<String>> = BTreeMap::new();
-        for r in outcome.records {
-            if r.record_type != FILE_HISTORY_SNAPSHOT {
-                continue;
-            }
-            if !r.is_snapshot_update {
-                epoch += 1;
-                continue;
-            }
-            for (path, b) in r.snapshot.tracked_file_backups {
-                if let Some(a) = b.actor {
-                    let name = if a.comm.is_empty() {
-                        format!("pid {}", a.pid)
-                    } else {
-                        a.comm
-                    };
-                    out.entry((epoch, path)).or_default().insert(name);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// `checkpointfs log`: every checkpoint, oldest first, with what changed since the one
-    /// before it and who changed it; then what changed since the last one.
-    pub fn log_text(&self) -> io::Result<String> {
-        let checkpoints = self.checkpoints();
-        let actors = self.actors_by_epoch()?;
-        let mut out = String::new();
-        if checkpoints.is_empty() {
-            out.push_str("no checkpoints yet (write an id to MNT/.checkpoint/ctl, or: checkpointfs checkpoint MNT ID)\n");
-        }
-        let mut prev = Point::Origin;
-        for (k, c) in checkpoints.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{}  {}",
-                c.id,
-                super::super::transcript::record::rfc3339(c.time)
-            );
-            self.write_changes(&mut out, prev, Point::Checkpoint(k), k, &actors)?;
-            prev = Point::Checkpoint(k);
-        }
-        let now = self.changes(prev, Point::Now)?;
-        if !now.is_empty() {
-            let _ = writeln!(
-                out,
-                "(since {}, not yet checkpointed)",
-                checkpoints.last().map_or("the mount", |c| c.id.as_str())
-            );
-            self.write_changes(&mut out, prev, Point::Now, checkpoints.len(), &actors)?;
-        }
-        Ok(out)
-    }
-
-    fn write_changes(
-        &self,
-        out: &mut String,
-        a: Point,
-        b: Point,
-        epoch: usize,
-        actors: &BTreeMap<(usize, String), BTreeSet<String>>,
-    ) -> io::Result<()> {
-        let changes = self.changes(a, b)?;
-        if changes.is_empty() {
-            out.push_str("    (no changes)\n");
-        }
-        for (path, (kind, _, _)) in changes {
-            let shown = if path.is_empty() { "." } else { path.as_str() };
-            let _ = write!(out, "    {} {shown}", kind.letter());
-            if let Some(who) = actors.get(&(epoch, path.clone())) {
-                let who: Vec<&str> = who.iter().map(String::as_str).collect();
-                let _ = write!(out, "  (by {})", who.join(", "));
-            }
-            out.push('\n');
-        }
-        Ok(())
-    }
-
-    /// `checkpointfs diff M [N]`: a unified diff from checkpoint `from` to `to` (default: the
-    /// live tree). Binary files are named, not printed.
-    pub fn diff_text(&self, from: &str, to: Option<&str>) -> io::Result<String> {
-        let a = self.point(from)?;
-        let b = match to {
-            Some(id) => self.point(id)?,
-            None => Point::Now,
-        };
-        let mut out = String::new();
-        for (path, (_, before, after)) in self.changes(a, b)? {
-            self.write_file_diff(&mut out, &path, before.as_ref(), after.as_ref())?;
-        }
-        Ok(out)
-    }
-
-    fn write_file_diff(
-        &self,
-        out: &mut String,
-        path: &str,
-        before: Option<&ViewEntry>,
-        after: Option<&ViewEntry>,
-    ) -> io::Result<()> {
-        let _ = writeln!(out, "diff a/{path} b/{path}");
-        let mode = |e: Option<&ViewEntry>| e.map(|e| (e.meta.kind, e.meta.mode));
-        match (mode(before), mode(after)) {
-            (None, Some((_, m))) => {
-                let _ = writeln!(out, "new file mode {m:04o}");
-            }
-            (Some((_, m)), None) => {
-                let _ = writeln!(out, "deleted file mode {m:04o}");
-            }
-            (Some((k1, m1)), Some((k2, m2))) if k1 != k2 || m1 != m2 => {
-                let _ = writeln!(
-                    out,
-                    "old mode {m1:04o} ({k1:?})\nnew mode {m2:04o} ({k2:?})"
-                );
-            }
-            _ => {}
-        }
-        let content = |e: Option<&ViewEntry>| -> io::Result<Option<Vec<u8>>> {
-            match e {
-                Some(e) if matches!(e.meta.kind, EntryKind::File | EntryKind::Symlink) => {
-                    self.view_read_all(e).map(Some)
-                }
-                _ => Ok(None),
-            }
-        };
-        let (old, new) = (content(before)?, content(after)?);
-        if old.is_none() && new.is_none() {
-            return Ok(());
-        }
-        let old = old.unwrap_or_default();
-        let new = new.unwrap_or_default();
-        if old == new {
-            return Ok(());
-        }
-        let is_text = |b: &[u8]| !b.contains(&0) && std::str::from_utf8(b).is_ok();
-        if !is_text(&old) || !is_text(&new) {
-            let _ = writeln!(out, "Binary files a/{path} and b/{path} differ");
-            return Ok(());
-        }
-        let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
-        let a_name = if before.is_some() {
-            format!("a/{path}")
-        } else {
-            "/dev/null".to_string()
-        };
-        let b_name = if after.is_some() {
-            format!("b/{path}")
-        } else {
-            "/dev/null".to_string()
-        };
-        let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
-        let _ = write!(
-            out,
-            "{}",
-            diff.unified_diff()
-                .context_radius(3)
-                .header(&a_name, &b_name)
-        );
-        Ok(())
     }
 
     /// `checkpointfs status`: where things are and how big they are; with `path`, why that

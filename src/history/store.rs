@@ -567,6 +567,12 @@ fn object_cname(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// The name an object with content `data` has (or would have) in the store: the lowercase hex
+/// SHA-256 of `data`.
+pub fn object_name(data: &[u8]) -> String {
+    hex(&Sha256::digest(data))
+}
+
 /// Lowercase hex of a digest.
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

@@ -1,0 +1,646 @@
+//! `checkpointfs log` and `checkpointfs diff` (plain, `--stat`, `--json`).
+//!
+//! Each report is computed once into a serializable model ([`LogReport`], [`DiffReport`]);
+//! the human text and the JSON (documented in docs/json-output.md) are both rendered from
+//! it, so they always carry the same facts.
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::History;
+use super::report::{ChangeKind, Point};
+use super::store::object_name;
+use super::view::{ViewContent, ViewEntry};
+use crate::transcript::record::{EntryKind, FILE_HISTORY_SNAPSHOT, rfc3339};
+use crate::transcript::replay::read_transcript;
+
+pub const LOG_SCHEMA: &str = "checkpointfs.log/1";
+pub const DIFF_SCHEMA: &str = "checkpointfs.diff/1";
+
+/// The width git's `--stat` fits its lines into (it uses the terminal's; reports here do
+/// not know the terminal, which may be on the other side of the control socket).
+const STAT_LINE_WIDTH: usize = 80;
+
+/// How `diff` shows its result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiffFormat {
+    /// A per-path summary of changed lines instead of the patch.
+    pub stat: bool,
+    pub json: bool,
+}
+
+/// A time as both an RFC 3339 UTC string and nanoseconds since the Unix epoch.
+///
+/// Both are in milliseconds, the precision the transcript keeps: a checkpoint's time must
+/// read the same from the daemon (which knows it to the nanosecond until it exits) and from
+/// the state dir (replayed from the transcript).
+#[derive(Debug, Clone, Serialize)]
+pub struct Timestamp {
+    pub time: String,
+    pub time_unix_ns: i64,
+}
+
+impl Timestamp {
+    fn of(t: SystemTime) -> Timestamp {
+        let ms = match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            // Before 1970: round towards the past, as the string does.
+            Err(e) => {
+                i64::try_from(e.duration().as_nanos().div_ceil(1_000_000)).map_or(i64::MIN, |n| -n)
+            }
+        };
+        Timestamp {
+            time: rfc3339(t),
+            time_unix_ns: ms.saturating_mul(1_000_000),
+        }
+    }
+}
+
+/// What a path was on one side of a change.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryFacts {
+    #[serde(rename = "type")]
+    pub kind: EntryKind,
+    /// Permission bits in octal, e.g. "0644".
+    pub mode: String,
+    pub size: u64,
+    /// Of the content (files) or the target (symlinks); `None` for other types.
+    pub sha256: Option<String>,
+    /// Symlinks only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// The content of a file or symlink entry; `None` for directories and special files.
+fn content_of(h: &History, e: Option<&ViewEntry>) -> io::Result<Option<Vec<u8>>> {
+    match e {
+        Some(e) if matches!(e.meta.kind, EntryKind::File | EntryKind::Symlink) => {
+            h.view_read_all(e).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `content` is the entry's content as read by [`content_of`].
+fn facts(e: &ViewEntry, content: Option<&[u8]>) -> EntryFacts {
+    let sha256 = match (&e.content, content) {
+        // A store object is named by the sha256 of its content: no need to hash again.
+        (ViewContent::Object(name), _) => Some(name.clone()),
+        (_, Some(bytes)) => Some(object_name(bytes)),
+        (_, None) => None,
+    };
+    let target = match (e.meta.kind, content) {
+        (EntryKind::Symlink, Some(t)) => Some(String::from_utf8_lossy(t).into_owned()),
+        _ => None,
+    };
+    EntryFacts {
+        kind: e.meta.kind,
+        mode: format!("{:04o}", e.meta.mode),
+        size: e.meta.size,
+        sha256,
+        target,
+    }
+}
+
+/// The path as reports show it: the mount root is ".".
+fn shown(path: &str) -> String {
+    if path.is_empty() {
+        ".".to_string()
+    } else {
+        path.to_string()
+    }
+}
+
+fn to_json<T: Serialize>(report: &T) -> io::Result<String> {
+    let mut s = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
+    s.push('\n');
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------------------
+// log
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogReport {
+    pub schema: &'static str,
+    /// Oldest first.
+    pub checkpoints: Vec<LogCheckpoint>,
+    /// What changed after the last checkpoint (or since the mount, when there is none).
+    pub uncheckpointed: LogPending,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogCheckpoint {
+    pub id: String,
+    #[serde(flatten)]
+    pub time: Timestamp,
+    pub files_changed: usize,
+    /// Since the previous checkpoint (the first: since the mount).
+    pub changes: Vec<LogChange>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogPending {
+    /// The last checkpoint; `None`: there is none yet.
+    pub since: Option<String>,
+    pub files_changed: usize,
+    pub changes: Vec<LogChange>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogChange {
+    pub path: String,
+    pub change: ChangeKind,
+    /// Names of the processes that changed the path (`pid N` when the name is unknown).
+    pub actors: Vec<String>,
+    pub before: Option<EntryFacts>,
+    pub after: Option<EntryFacts>,
+}
+
+impl History {
+    /// (epoch, path) → names of the processes that changed it, from the transcript. Epoch k
+    /// is the time between checkpoint k-1 and checkpoint k (0: before the first).
+    fn actors_by_epoch(&self) -> io::Result<BTreeMap<(usize, String), BTreeSet<String>>> {
+        let outcome = read_transcript(&self.state_dir().join("transcript.jsonl"))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let mut epoch = 0;
+        let mut out: BTreeMap<(usize, String), BTreeSet<String>> = BTreeMap::new();
+        for r in outcome.records {
+            if r.record_type != FILE_HISTORY_SNAPSHOT {
+                continue;
+            }
+            if !r.is_snapshot_update {
+                epoch += 1;
+                continue;
+            }
+            for (path, b) in r.snapshot.tracked_file_backups {
+                if let Some(a) = b.actor {
+                    let name = if a.comm.is_empty() {
+                        format!("pid {}", a.pid)
+                    } else {
+                        a.comm
+                    };
+                    out.entry((epoch, path)).or_default().insert(name);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every checkpoint, oldest first, with what changed since the one before it and who
+    /// changed it; then what changed since the last one.
+    pub fn log_report(&self) -> io::Result<LogReport> {
+        let checkpoints = self.checkpoints();
+        let actors = self.actors_by_epoch()?;
+        let mut out = Vec::with_capacity(checkpoints.len());
+        let mut prev = Point::Origin;
+        for (k, c) in checkpoints.iter().enumerate() {
+            let changes = self.log_changes(prev, Point::Checkpoint(k), k, &actors)?;
+            out.push(LogCheckpoint {
+                id: c.id.clone(),
+                time: Timestamp::of(c.time),
+                files_changed: changes.len(),
+                changes,
+            });
+            prev = Point::Checkpoint(k);
+        }
+        let changes = self.log_changes(prev, Point::Now, checkpoints.len(), &actors)?;
+        Ok(LogReport {
+            schema: LOG_SCHEMA,
+            checkpoints: out,
+            uncheckpointed: LogPending {
+                since: checkpoints.last().map(|c| c.id.clone()),
+                files_changed: changes.len(),
+                changes,
+            },
+        })
+    }
+
+    fn log_changes(
+        &self,
+        a: Point,
+        b: Point,
+        epoch: usize,
+        actors: &BTreeMap<(usize, String), BTreeSet<String>>,
+    ) -> io::Result<Vec<LogChange>> {
+        let mut out = Vec::new();
+        for (path, (change, before, after)) in self.changes(a, b)? {
+            let side = |e: Option<&ViewEntry>| -> io::Result<Option<EntryFacts>> {
+                let Some(e) = e else { return Ok(None) };
+                // Store objects are named by their hash: only live files, and symlinks (for
+                // their target), are read.
+                let read =
+                    matches!(e.content, ViewContent::Live(_)) || e.meta.kind == EntryKind::Symlink;
+                let content = if read {
+                    content_of(self, Some(e))?
+                } else {
+                    None
+                };
+                Ok(Some(facts(e, content.as_deref())))
+            };
+            out.push(LogChange {
+                before: side(before.as_ref())?,
+                after: side(after.as_ref())?,
+                actors: actors
+                    .get(&(epoch, path.clone()))
+                    .map(|who| who.iter().cloned().collect())
+                    .unwrap_or_default(),
+                path: shown(&path),
+                change,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `checkpointfs log`, as text or as JSON.
+    pub fn log_output(&self, json: bool) -> io::Result<String> {
+        let report = self.log_report()?;
+        if json {
+            to_json(&report)
+        } else {
+            Ok(render_log(&report))
+        }
+    }
+}
+
+fn render_log(report: &LogReport) -> String {
+    let mut out = String::new();
+    if report.checkpoints.is_empty() {
+        out.push_str("no checkpoints yet (write an id to MNT/.checkpoint/ctl, or: checkpointfs checkpoint MNT ID)\n");
+    }
+    for c in &report.checkpoints {
+        let _ = writeln!(out, "{}  {}", c.id, c.time.time);
+        render_log_changes(&mut out, &c.changes);
+    }
+    let pending = &report.uncheckpointed;
+    if !pending.changes.is_empty() {
+        let _ = writeln!(
+            out,
+            "(since {}, not yet checkpointed)",
+            pending.since.as_deref().unwrap_or("the mount")
+        );
+        render_log_changes(&mut out, &pending.changes);
+    }
+    out
+}
+
+fn render_log_changes(out: &mut String, changes: &[LogChange]) {
+    if changes.is_empty() {
+        out.push_str("    (no changes)\n");
+    }
+    for c in changes {
+        let _ = write!(out, "    {} {}", c.change.letter(), c.path);
+        if !c.actors.is_empty() {
+            let _ = write!(out, "  (by {})", c.actors.join(", "));
+        }
+        out.push('\n');
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// diff
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffReport {
+    pub schema: &'static str,
+    pub from: DiffPoint,
+    pub to: DiffPoint,
+    pub files_changed: usize,
+    pub insertions: usize,
+    pub deletions: usize,
+    pub files: Vec<FileDiff>,
+}
+
+/// One end of a diff: a checkpoint, or the live tree.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum DiffPoint {
+    Checkpoint {
+        id: String,
+        #[serde(flatten)]
+        time: Timestamp,
+    },
+    Live,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContentChange {
+    /// Both sides are text (or absent): lines were counted.
+    Text,
+    /// A side is not UTF-8 text or contains a NUL byte: sizes only.
+    Binary,
+    /// No content changed: directories, special files, or a change of mode or type only.
+    None,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FileDiff {
+    pub path: String,
+    pub change: ChangeKind,
+    pub before: Option<EntryFacts>,
+    pub after: Option<EntryFacts>,
+    pub content: ContentChange,
+    /// Lines added and removed (0 unless `content` is text).
+    pub insertions: usize,
+    pub deletions: usize,
+    /// The unified diff's hunks (3 lines of context), for text content, unless `--stat`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+}
+
+fn is_text(b: &[u8]) -> bool {
+    !b.contains(&0) && std::str::from_utf8(b).is_ok()
+}
+
+impl History {
+    fn diff_point(&self, p: Point) -> DiffPoint {
+        match p {
+            Point::Checkpoint(k) => match self.checkpoints().get(k) {
+                Some(c) => DiffPoint::Checkpoint {
+                    id: c.id.clone(),
+                    time: Timestamp::of(c.time),
+                },
+                // Checkpoints are never removed, so an index once found stays valid.
+                None => DiffPoint::Live,
+            },
+            Point::Origin | Point::Now => DiffPoint::Live,
+        }
+    }
+
+    /// What changed from checkpoint `from` to `to` (default: the live tree); with
+    /// `with_patch`, the hunks of each text file too.
+    pub fn diff_report(
+        &self,
+        from: &str,
+        to: Option<&str>,
+        with_patch: bool,
+    ) -> io::Result<DiffReport> {
+        let a = self.point(from)?;
+        let b = match to {
+            Some(id) => self.point(id)?,
+            None => Point::Now,
+        };
+        let mut files = Vec::new();
+        for (path, (change, before, after)) in self.changes(a, b)? {
+            files.push(self.file_diff(
+                &path,
+                change,
+                before.as_ref(),
+                after.as_ref(),
+                with_patch,
+            )?);
+        }
+        Ok(DiffReport {
+            schema: DIFF_SCHEMA,
+            from: self.diff_point(a),
+            to: self.diff_point(b),
+            files_changed: files.len(),
+            insertions: files.iter().map(|f| f.insertions).sum(),
+            deletions: files.iter().map(|f| f.deletions).sum(),
+            files,
+        })
+    }
+
+    fn file_diff(
+        &self,
+        path: &str,
+        change: ChangeKind,
+        before: Option<&ViewEntry>,
+        after: Option<&ViewEntry>,
+        with_patch: bool,
+    ) -> io::Result<FileDiff> {
+        let (old, new) = (content_of(self, before)?, content_of(self, after)?);
+        let mut d = FileDiff {
+            path: shown(path),
+            change,
+            before: before.map(|e| facts(e, old.as_deref())),
+            after: after.map(|e| facts(e, new.as_deref())),
+            content: ContentChange::None,
+            insertions: 0,
+            deletions: 0,
+            patch: None,
+        };
+        if old.is_none() && new.is_none() {
+            return Ok(d);
+        }
+        let (old, new) = (old.unwrap_or_default(), new.unwrap_or_default());
+        if old == new {
+            return Ok(d);
+        }
+        if !is_text(&old) || !is_text(&new) {
+            d.content = ContentChange::Binary;
+            return Ok(d);
+        }
+        let (old, new) = (String::from_utf8_lossy(&old), String::from_utf8_lossy(&new));
+        let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
+        for c in diff.iter_all_changes() {
+            match c.tag() {
+                similar::ChangeTag::Insert => d.insertions += 1,
+                similar::ChangeTag::Delete => d.deletions += 1,
+                similar::ChangeTag::Equal => {}
+            }
+        }
+        d.content = ContentChange::Text;
+        if with_patch {
+            d.patch = Some(diff.unified_diff().context_radius(3).to_string());
+        }
+        Ok(d)
+    }
+
+    /// `checkpointfs diff M [N] [--stat] [--json]`.
+    pub fn diff_output(
+        &self,
+        from: &str,
+        to: Option<&str>,
+        format: DiffFormat,
+    ) -> io::Result<String> {
+        let report = self.diff_report(from, to, !format.stat)?;
+        if format.json {
+            to_json(&report)
+        } else if format.stat {
+            Ok(render_stat(&report))
+        } else {
+            Ok(render_patch(&report))
+        }
+    }
+}
+
+/// The unified diff: a `diff a/P b/P` header per path, mode lines, then the hunks (or a
+/// note for binary content).
+fn render_patch(report: &DiffReport) -> String {
+    let mut out = String::new();
+    for f in &report.files {
+        // The text has always named the mount root by its empty relative path ("a/").
+        let path = if f.path == "." { "" } else { f.path.as_str() };
+        let _ = writeln!(out, "diff a/{path} b/{path}");
+        match (&f.before, &f.after) {
+            (None, Some(new)) => {
+                let _ = writeln!(out, "new file mode {}", new.mode);
+            }
+            (Some(old), None) => {
+                let _ = writeln!(out, "deleted file mode {}", old.mode);
+            }
+            (Some(old), Some(new)) if old.kind != new.kind || old.mode != new.mode => {
+                let _ = writeln!(
+                    out,
+                    "old mode {} ({:?})\nnew mode {} ({:?})",
+                    old.mode, old.kind, new.mode, new.kind
+                );
+            }
+            _ => {}
+        }
+        match f.content {
+            ContentChange::Binary => {
+                let _ = writeln!(out, "Binary files a/{path} and b/{path} differ");
+            }
+            ContentChange::Text => {
+                let patch = f.patch.as_deref().unwrap_or_default();
+                if !patch.is_empty() {
+                    let old = if f.before.is_some() {
+                        format!("a/{path}")
+                    } else {
+                        "/dev/null".to_string()
+                    };
+                    let new = if f.after.is_some() {
+                        format!("b/{path}")
+                    } else {
+                        "/dev/null".to_string()
+                    };
+                    let _ = write!(out, "--- {old}\n+++ {new}\n{patch}");
+                }
+            }
+            ContentChange::None => {}
+        }
+    }
+    out
+}
+
+/// git's `scale_linear`: `n` of `max` scaled to `width` columns, at least 1 when `n > 0`.
+fn scale_linear(n: usize, width: usize, max: usize) -> usize {
+    if n == 0 || max == 0 {
+        0
+    } else {
+        1 + n * (width.saturating_sub(1)) / max
+    }
+}
+
+/// `diff --stat`, as git prints it: ` PATH | N +++--` per path (`Bin X -> Y bytes` for
+/// binary content), the totals, then one line per path created, deleted, or changed in
+/// mode or type.
+fn render_stat(report: &DiffReport) -> String {
+    let mut out = String::new();
+    if report.files.is_empty() {
+        return out;
+    }
+    let name_width = report
+        .files
+        .iter()
+        .map(|f| f.path.chars().count())
+        .max()
+        .unwrap_or(0);
+    let max_change = report
+        .files
+        .iter()
+        .map(|f| f.insertions + f.deletions)
+        .max()
+        .unwrap_or(0);
+    let number_width = max_change.to_string().len();
+    // " NAME | N " then the graph.
+    let graph_width = STAT_LINE_WIDTH
+        .saturating_sub(name_width + number_width + 5)
+        .max(10);
+    for f in &report.files {
+        let _ = write!(out, " {:<name_width$} | ", f.path);
+        if f.content == ContentChange::Binary {
+            let size = |e: &Option<EntryFacts>| e.as_ref().map_or(0, |e| e.size);
+            let _ = writeln!(out, "Bin {} -> {} bytes", size(&f.before), size(&f.after));
+            continue;
+        }
+        let (mut add, mut del) = (f.insertions, f.deletions);
+        let total = add + del;
+        if total == 0 {
+            let _ = writeln!(out, "{total:>number_width$}");
+            continue;
+        }
+        if max_change > graph_width {
+            let mut scaled = scale_linear(total, graph_width, max_change);
+            if scaled < 2 && add > 0 && del > 0 {
+                scaled = 2;
+            }
+            if add < del {
+                add = scale_linear(add, graph_width, max_change);
+                del = scaled - add;
+            } else {
+                del = scale_linear(del, graph_width, max_change);
+                add = scaled - del;
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{total:>number_width$} {}{}",
+            "+".repeat(add),
+            "-".repeat(del)
+        );
+    }
+    let plural = |n: usize, one: &str, many: &str| {
+        if n == 1 {
+            format!("{n} {one}")
+        } else {
+            format!("{n} {many}")
+        }
+    };
+    let _ = write!(
+        out,
+        " {}",
+        plural(report.files_changed, "file changed", "files changed")
+    );
+    // As git: a zero count is shown only when both are zero.
+    if report.insertions > 0 || report.deletions == 0 {
+        let _ = write!(
+            out,
+            ", {}",
+            plural(report.insertions, "insertion(+)", "insertions(+)")
+        );
+    }
+    if report.deletions > 0 || report.insertions == 0 {
+        let _ = write!(
+            out,
+            ", {}",
+            plural(report.deletions, "deletion(-)", "deletions(-)")
+        );
+    }
+    out.push('\n');
+    for f in &report.files {
+        let kind = |e: &EntryFacts| format!("{:?}", e.kind).to_lowercase();
+        match (&f.before, &f.after) {
+            (None, Some(new)) => {
+                let _ = writeln!(out, " create {} {} {}", kind(new), new.mode, f.path);
+            }
+            (Some(old), None) => {
+                let _ = writeln!(out, " delete {} {} {}", kind(old), old.mode, f.path);
+            }
+            (Some(old), Some(new)) => {
+                if old.kind != new.kind {
+                    let _ = writeln!(
+                        out,
+                        " type change {} => {} {}",
+                        kind(old),
+                        kind(new),
+                        f.path
+                    );
+                }
+                if old.mode != new.mode {
+                    let _ = writeln!(out, " mode change {} => {} {}", old.mode, new.mode, f.path);
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,371 @@
+//! `log` and `diff` on a real mount: `diff --stat` (git's format), and the `--json`
+//! schemas of docs/json-output.md, parsed and checked value by value, online and from an
+//! unmounted state dir.
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::time::UNIX_EPOCH;
+
+use common::{TestMount, cli, run, stderr, stdout};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn sh(m: &TestMount, script: &str) {
+    let out = run("sh", &["-c", &format!("umask 022 && {script}")], &m.mnt);
+    assert!(out.status.success(), "sh -c {script:?}: {}", stderr(&out));
+}
+
+/// `checkpointfs ARGS...`, asserting success; its stdout.
+fn ok(args: &[&str]) -> String {
+    let out = cli(args);
+    assert!(
+        out.status.success(),
+        "checkpointfs {args:?} failed ({}): {}",
+        out.status,
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+fn json(args: &[&str]) -> Value {
+    let text = ok(args);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}):\n{text}"))
+}
+
+const A_BEFORE: &str = "alpha\nbeta\n";
+const A_AT_M2: &str = "ALPHA\nbeta\ngamma\n";
+const A_LIVE: &str = "ALPHA\nbeta\ngamma\ndelta\n";
+const BIN_BEFORE: &[u8] = b"\x00\x01\x02\x03";
+
+/// m1: the seed. m2: every kind of change (text edit, binary rewrite, symlink retarget,
+/// file and directory created, file deleted, mode change). Then one more edit, not
+/// checkpointed.
+fn scenario() -> TestMount {
+    let mut m = TestMount::unmounted(&[]);
+    fs::write(m.src.join("a.txt"), A_BEFORE).unwrap();
+    fs::write(m.src.join("old.txt"), "x\ny\n").unwrap();
+    fs::write(m.src.join("run.sh"), "echo hi\n").unwrap();
+    fs::set_permissions(m.src.join("run.sh"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(m.src.join("bin.dat"), BIN_BEFORE).unwrap();
+    symlink("a.txt", m.src.join("link")).unwrap();
+    fs::create_dir(m.src.join("sub")).unwrap();
+    fs::write(m.src.join("sub/keep.txt"), "unchanged\n").unwrap();
+    m.mount();
+    m.ctl("m1").unwrap();
+    sh(
+        &m,
+        &format!(
+            "printf '{}' > a.txt && rm old.txt && printf '1\\n2\\n3\\n' > new.txt && \
+             chmod 755 run.sh && ln -sfn new.txt link && \
+             printf '\\000\\001\\002\\003\\004\\005\\006\\007\\010\\011' > bin.dat && \
+             mkdir -m 755 newdir",
+            A_AT_M2.replace('\n', "\\n")
+        ),
+    );
+    m.ctl("m2").unwrap();
+    sh(&m, "echo delta >> a.txt");
+    m
+}
+
+const STAT_M1_M2: &str = " a.txt   | 3 ++-
+ bin.dat | Bin 4 -> 10 bytes
+ link    | 2 +-
+ new.txt | 3 +++
+ newdir  | 0
+ old.txt | 2 --
+ run.sh  | 0
+ 7 files changed, 6 insertions(+), 4 deletions(-)
+ create file 0644 new.txt
+ create dir 0755 newdir
+ delete file 0644 old.txt
+ mode change 0644 => 0755 run.sh
+";
+
+#[test]
+fn diff_stat_between_checkpoints_and_against_the_live_tree() {
+    let mut m = scenario();
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    assert_eq!(ok(&["diff", &mnt, "m1", "m2", "--stat"]), STAT_M1_M2);
+    assert_eq!(
+        ok(&["diff", &mnt, "m2", "--stat"]),
+        " a.txt | 1 +\n 1 file changed, 1 insertion(+)\n"
+    );
+    // No change: nothing, as git.
+    assert_eq!(ok(&["diff", &mnt, "m2", "m2", "--stat"]), "");
+
+    // The plain diff is still the patch.
+    let patch = ok(&["diff", &mnt, "m1", "m2"]);
+    assert!(
+        patch.contains(
+            "diff a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,3 @@\n-alpha\n+ALPHA\n beta\n+gamma\n"
+        ),
+        "{patch}"
+    );
+    assert!(
+        patch.contains("diff a/run.sh b/run.sh\nold mode 0644 (File)\nnew mode 0755 (File)\n"),
+        "{patch}"
+    );
+    assert!(
+        patch.contains(
+            "diff a/old.txt b/old.txt\ndeleted file mode 0644\n--- a/old.txt\n+++ /dev/null\n"
+        ),
+        "{patch}"
+    );
+    assert!(
+        patch.contains("Binary files a/bin.dat and b/bin.dat differ\n"),
+        "{patch}"
+    );
+
+    // From the state dir, once unmounted: the same.
+    let state = m.state.to_str().unwrap().to_string();
+    m.umount();
+    assert_eq!(
+        ok(&["diff", "--state-dir", &state, "m1", "m2", "--stat"]),
+        STAT_M1_M2
+    );
+}
+
+#[test]
+fn diff_stat_scales_long_changes_to_the_line_width() {
+    let m = TestMount::new();
+    m.ctl("empty").unwrap();
+    let big: String = (0..500).map(|i| format!("line {i}\n")).collect();
+    fs::write(m.mnt.join("big.txt"), &big).unwrap();
+    fs::write(m.mnt.join("small.txt"), "one\n").unwrap();
+    let mnt = m.mnt.to_str().unwrap();
+    let stat = ok(&["diff", mnt, "empty", "--stat"]);
+    let lines: Vec<&str> = stat.lines().collect();
+    assert!(lines[0].starts_with(" big.txt   | 500 +"), "{stat}");
+    assert!(lines.iter().all(|l| l.len() <= 80), "{stat}");
+    // git's scale: 80 - (9 + 3 + 5) = 63 columns for the largest change.
+    assert_eq!(lines[0].matches('+').count(), 63, "{stat}");
+    assert_eq!(lines[1], " small.txt |   1 +", "{stat}");
+    assert_eq!(lines[2], " 2 files changed, 501 insertions(+)", "{stat}");
+}
+
+fn file<'a>(report: &'a Value, path: &str) -> &'a Value {
+    report["files"]
+        .as_array()
+        .expect("files is an array")
+        .iter()
+        .find(|f| f["path"] == path)
+        .unwrap_or_else(|| panic!("no {path} in {report:#}"))
+}
+
+/// The time string and the nanoseconds name the same instant.
+fn check_time(v: &Value) -> u128 {
+    let text = v["time"].as_str().expect("time is a string");
+    assert!(text.ends_with('Z'), "UTC: {text}");
+    let parsed = humantime::parse_rfc3339(text).unwrap();
+    let ns = u128::from(v["time_unix_ns"].as_u64().expect("time_unix_ns"));
+    let from_text = parsed.duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    // Both in milliseconds, the transcript's precision.
+    assert_eq!(ns, from_text, "{text} vs {ns}");
+    assert_eq!(ns % 1_000_000, 0, "{ns}");
+    ns
+}
+
+#[test]
+fn diff_json_carries_paths_kinds_counts_sizes_and_hashes() {
+    let m = scenario();
+    let mnt = m.mnt.to_str().unwrap();
+    let d = json(&["diff", mnt, "m1", "m2", "--json"]);
+    assert_eq!(d["schema"], "checkpointfs.diff/1");
+    assert_eq!(d["from"]["kind"], "checkpoint");
+    assert_eq!(d["from"]["id"], "m1");
+    assert_eq!(d["to"]["id"], "m2");
+    assert!(check_time(&d["from"]) <= check_time(&d["to"]));
+    assert_eq!(d["files_changed"], 7);
+    assert_eq!(d["insertions"], 6);
+    assert_eq!(d["deletions"], 4);
+    let paths: Vec<&str> = d["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "a.txt", "bin.dat", "link", "new.txt", "newdir", "old.txt", "run.sh"
+        ]
+    );
+
+    let a = file(&d, "a.txt");
+    assert_eq!(a["change"], "modified");
+    assert_eq!(a["content"], "text");
+    assert_eq!(
+        (a["insertions"].as_u64(), a["deletions"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(a["before"]["type"], "file");
+    assert_eq!(a["before"]["mode"], "0644");
+    assert_eq!(a["before"]["size"], A_BEFORE.len());
+    assert_eq!(a["before"]["sha256"], sha256_hex(A_BEFORE.as_bytes()));
+    assert_eq!(a["after"]["sha256"], sha256_hex(A_AT_M2.as_bytes()));
+    assert_eq!(
+        a["patch"],
+        "@@ -1,2 +1,3 @@\n-alpha\n+ALPHA\n beta\n+gamma\n"
+    );
+
+    let bin = file(&d, "bin.dat");
+    assert_eq!(bin["content"], "binary");
+    assert_eq!(bin["before"]["size"], 4);
+    assert_eq!(bin["after"]["size"], 10);
+    assert_eq!(bin["before"]["sha256"], sha256_hex(BIN_BEFORE));
+    assert!(bin.get("patch").is_none(), "{bin}");
+
+    let link = file(&d, "link");
+    assert_eq!(link["before"]["type"], "symlink");
+    assert_eq!(link["before"]["target"], "a.txt");
+    assert_eq!(link["after"]["target"], "new.txt");
+    assert_eq!(link["after"]["sha256"], sha256_hex(b"new.txt"));
+    assert_eq!(
+        (link["insertions"].as_u64(), link["deletions"].as_u64()),
+        (Some(1), Some(1))
+    );
+
+    let new = file(&d, "new.txt");
+    assert_eq!(new["change"], "added");
+    assert!(new["before"].is_null());
+    assert_eq!(new["after"]["sha256"], sha256_hex(b"1\n2\n3\n"));
+    assert_eq!(new["insertions"], 3);
+
+    let dir = file(&d, "newdir");
+    assert_eq!(dir["change"], "added");
+    assert_eq!(dir["content"], "none");
+    assert_eq!(dir["after"]["type"], "dir");
+    assert!(dir["after"]["sha256"].is_null());
+
+    let old = file(&d, "old.txt");
+    assert_eq!(old["change"], "deleted");
+    assert!(old["after"].is_null());
+    assert_eq!(old["deletions"], 2);
+
+    let run_sh = file(&d, "run.sh");
+    assert_eq!(run_sh["content"], "none");
+    assert_eq!(run_sh["before"]["mode"], "0644");
+    assert_eq!(run_sh["after"]["mode"], "0755");
+    assert_eq!(run_sh["before"]["sha256"], run_sh["after"]["sha256"]);
+
+    // --stat --json: the same facts without the patches.
+    let s = json(&["diff", mnt, "m1", "m2", "--stat", "--json"]);
+    assert_eq!(s["files_changed"], 7);
+    assert_eq!(file(&s, "a.txt")["insertions"], 2);
+    assert!(
+        s["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f.get("patch").is_none()),
+        "{s:#}"
+    );
+
+    // Against the live tree: the live file is hashed.
+    let live = json(&["diff", mnt, "m2", "--json"]);
+    assert_eq!(live["to"], serde_json::json!({"kind": "live"}));
+    assert_eq!(live["files_changed"], 1);
+    let a = file(&live, "a.txt");
+    assert_eq!(a["after"]["sha256"], sha256_hex(A_LIVE.as_bytes()));
+    assert_eq!(a["after"]["size"], A_LIVE.len());
+    assert_eq!(a["insertions"], 1);
+}
+
+#[test]
+fn log_json_lists_checkpoints_changes_and_actors_like_the_text() {
+    let mut m = scenario();
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    let text = ok(&["log", &mnt]);
+    let log = json(&["log", &mnt, "--json"]);
+    assert_eq!(log["schema"], "checkpointfs.log/1");
+    let cps = log["checkpoints"].as_array().unwrap();
+    let ids: Vec<&str> = cps.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["m1", "m2"]);
+    assert!(check_time(&cps[0]) <= check_time(&cps[1]));
+    for c in cps {
+        // The text shows the same time.
+        let line = format!(
+            "{}  {}\n",
+            c["id"].as_str().unwrap(),
+            c["time"].as_str().unwrap()
+        );
+        assert!(text.contains(&line), "{line:?} not in:\n{text}");
+    }
+    assert_eq!(cps[0]["files_changed"], 0);
+    assert_eq!(cps[0]["changes"], serde_json::json!([]));
+    assert_eq!(cps[1]["files_changed"], 7);
+    let changes = cps[1]["changes"].as_array().unwrap();
+    let change = |path: &str| {
+        changes
+            .iter()
+            .find(|c| c["path"] == path)
+            .unwrap_or_else(|| panic!("no {path} in {changes:?}"))
+    };
+    assert_eq!(change("a.txt")["change"], "modified");
+    assert_eq!(change("old.txt")["change"], "deleted");
+    assert_eq!(change("new.txt")["change"], "added");
+    assert_eq!(change("a.txt")["actors"], serde_json::json!(["sh"]));
+    assert_eq!(change("run.sh")["actors"], serde_json::json!(["chmod"]));
+    assert_eq!(
+        change("a.txt")["before"]["sha256"],
+        sha256_hex(A_BEFORE.as_bytes())
+    );
+    assert_eq!(change("link")["before"]["target"], "a.txt");
+    assert_eq!(change("link")["after"]["target"], "new.txt");
+    assert!(text.contains("    M a.txt  (by sh)\n"), "{text}");
+    assert!(text.contains("    M run.sh  (by chmod)\n"), "{text}");
+
+    let pending = &log["uncheckpointed"];
+    assert_eq!(pending["since"], "m2");
+    assert_eq!(pending["files_changed"], 1);
+    assert_eq!(pending["changes"][0]["path"], "a.txt");
+    assert_eq!(
+        pending["changes"][0]["after"]["sha256"],
+        sha256_hex(A_LIVE.as_bytes())
+    );
+    assert!(
+        text.contains("(since m2, not yet checkpointed)\n    M a.txt"),
+        "{text}"
+    );
+
+    // Unmounted, from the state dir: the same history.
+    let state = m.state.to_str().unwrap().to_string();
+    m.umount();
+    let offline = json(&["log", "--state-dir", &state, "--json"]);
+    assert_eq!(offline["checkpoints"], log["checkpoints"]);
+    assert_eq!(offline["uncheckpointed"]["since"], "m2");
+}
+
+#[test]
+fn json_errors_go_to_stderr_and_print_no_json() {
+    let m = TestMount::new();
+    m.ctl("m1").unwrap();
+    let mnt = m.mnt.to_str().unwrap();
+    for args in [
+        vec!["diff", mnt, "nope", "--json"],
+        vec!["diff", mnt, "m1", "nope", "--stat", "--json"],
+    ] {
+        let out = cli(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no checkpoint named 'nope' (see: checkpointfs log MNT)"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(stdout(&out), "", "{args:?}");
+    }
+    let log = json(&["log", mnt, "--json"]);
+    assert_eq!(log["checkpoints"][0]["id"], "m1");
+    let empty = TestMount::new();
+    let log = json(&["log", empty.mnt.to_str().unwrap(), "--json"]);
+    assert_eq!(log["checkpoints"], serde_json::json!([]));
+    assert!(log["uncheckpointed"]["since"].is_null());
+}
