@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::commands::{self, Target};
 use crate::daemon::{self, DaemonConfig};
 use crate::history::logdiff::DiffFormat;
+use crate::manuals;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
@@ -88,6 +89,37 @@ pub enum Command {
     Diff(DiffArgs),
     /// Show tracked paths and their versions
     Status(StatusArgs),
+    /// Print a shell completion script
+    #[command(long_about = "Print a shell completion script to stdout.\n\n\
+        bash:       checkpointfs completions bash > /etc/bash_completion.d/checkpointfs\n\
+        zsh:        checkpointfs completions zsh > \"${fpath[1]}/_checkpointfs\"\n\
+        fish:       checkpointfs completions fish > ~/.config/fish/completions/checkpointfs.fish\n\
+        elvish:     checkpointfs completions elvish >> ~/.config/elvish/rc.elv\n\
+        powershell: checkpointfs completions powershell >> $PROFILE")]
+    Completions(CompletionsArgs),
+    /// Print the man page, or write all man pages to a directory
+    #[command(
+        long_about = "Print the man page of checkpointfs to stdout, or with --dir \
+        write checkpointfs.1 and one page per subcommand (checkpointfs-mount.1, ...) to DIR \
+        and print their paths.\n\n\
+        Install: checkpointfs man --dir /usr/local/share/man/man1 && mandb"
+    )]
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for
+    #[arg(value_name = "SHELL", value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write checkpointfs.1 and checkpointfs-SUBCOMMAND.1 here (created if missing)
+    /// instead of printing the top-level page
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -323,6 +355,8 @@ where
             Ok(t) => commands::status(&t, a.path.as_deref()),
             Err(code) => code,
         },
+        Command::Completions(a) => manuals::completions(a.shell),
+        Command::Man(a) => manuals::man(a.dir.as_deref()),
     }
 }
 

@@ -9,7 +9,7 @@
 //!   content-addressed store and rewind.
 //! - [`transcript`]: Layer 3: record types, the writer thread and replay.
 //! - [`daemon`]: wiring for one mount (session, signals, shutdown).
-//! - [`cli`]: the command line.
+//! - [`cli`]: the command line; [`manuals`]: its completion scripts and man pages.
 pub mod cli;
 pub mod commands;
 pub mod control;
@@ -18,4 +18,5 @@ pub mod fs;
 pub mod fuse_adapter;
 pub mod history;
 pub mod ids;
+pub mod manuals;
 pub mod transcript;
