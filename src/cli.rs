@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::commands::{self, Target};
 use crate::daemon::{self, DaemonConfig};
+use crate::history::exclusions::{ExcludeFile, ExclusionConfig};
 use crate::history::logdiff::DiffFormat;
 use crate::manuals;
 
@@ -161,13 +162,29 @@ pub struct MountArgs {
     /// pattern without '/' matches a name at any depth ('target', '*.o'); one with '/' is
     /// anchored at the mount root ('build/out'). Everything below a matched directory is
     /// excluded too. Excluded paths are still passed through; rewind leaves them alone.
+    /// Exclusion settings are saved in the state dir: a later mount without exclusion
+    /// flags uses them; --exclude or --exclude-from replace the saved patterns.
     #[arg(long = "exclude", value_name = "GLOB", value_parser = parse_glob)]
     pub excludes: Vec<String>,
 
     /// Read more --exclude patterns from FILE: one per line, blank lines and lines
-    /// starting with '#' ignored; may be given several times
+    /// starting with '#' ignored; may be given several times (re-read at every mount)
     #[arg(long = "exclude-from", value_name = "FILE")]
     pub exclude_from: Vec<PathBuf>,
+
+    /// Forget the saved --exclude and --exclude-from patterns
+    #[arg(long, conflicts_with_all = ["excludes", "exclude_from"])]
+    pub no_exclude: bool,
+
+    /// Do not record history for paths git ignores: .gitignore files in every directory,
+    /// .git/info/exclude and the global core.excludesFile, with git's precedence and
+    /// negations. The git directory itself is tracked. Saved in the state dir like --exclude.
+    #[arg(long)]
+    pub respect_gitignore: bool,
+
+    /// Turn a saved --respect-gitignore off
+    #[arg(long, conflicts_with = "respect_gitignore")]
+    pub no_respect_gitignore: bool,
 
     /// Print one line with the state dir and daemon pid once mounted
     #[arg(short, long)]
@@ -284,9 +301,15 @@ pub struct StatusArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// Show only this path (relative to the mount root)
+    /// Also say whether and why P is tracked: which exclusion rule (file and line) decides
+    /// it, and whether it was backed up in the current message. P is relative to MNT (or
+    /// absolute inside MNT) and need not exist; `P/` is taken as a directory
     #[arg(long, value_name = "P")]
     pub path: Option<PathBuf>,
+
+    /// Print JSON (schema "checkpointfs.status/1", see docs/json-output.md)
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_threads(s: &str) -> Result<usize, String> {
@@ -311,6 +334,46 @@ fn read_exclude_file(path: &Path) -> Result<Vec<String>, String> {
         out.push(line.to_string());
     }
     Ok(out)
+}
+
+/// The exclusions of a mount: each setting given on the command line replaces its saved
+/// value (`saved`, from the state dir); the others keep it. `--exclude-from` files are read
+/// again at every mount, the saved ones too.
+fn exclusions_for_mount(
+    a: &MountArgs,
+    saved: Option<ExclusionConfig>,
+) -> Result<ExclusionConfig, String> {
+    let saved = saved.unwrap_or_default();
+    let (exclude, files): (Vec<String>, Vec<PathBuf>) = if a.no_exclude {
+        (Vec::new(), Vec::new())
+    } else if !a.excludes.is_empty() || !a.exclude_from.is_empty() {
+        let files = a
+            .exclude_from
+            .iter()
+            .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone()))
+            .collect();
+        (a.excludes.clone(), files)
+    } else {
+        let files = saved.exclude_from.iter().map(|f| f.file.clone()).collect();
+        (saved.exclude.clone(), files)
+    };
+    let mut exclude_from = Vec::new();
+    for file in files {
+        let patterns = read_exclude_file(&file)?;
+        exclude_from.push(ExcludeFile { file, patterns });
+    }
+    let respect_gitignore = if a.respect_gitignore {
+        true
+    } else if a.no_respect_gitignore {
+        false
+    } else {
+        saved.respect_gitignore
+    };
+    Ok(ExclusionConfig {
+        exclude,
+        exclude_from,
+        respect_gitignore,
+    })
 }
 
 fn parse_glob(s: &str) -> Result<String, String> {
@@ -352,7 +415,7 @@ where
         },
         Command::Diff(a) => diff(a),
         Command::Status(a) => match target(a.mnt, a.state_dir) {
-            Ok(t) => commands::status(&t, a.path.as_deref()),
+            Ok(t) => commands::status(&t, a.path.as_deref(), a.json),
             Err(code) => code,
         },
         Command::Completions(a) => manuals::completions(a.shell),
@@ -929,16 +992,15 @@ fn mount(a: MountArgs) -> i32 {
         );
         return EXIT_FAILURE;
     }
-    let mut excludes = a.excludes;
-    for file in &a.exclude_from {
-        match read_exclude_file(file) {
-            Ok(mut patterns) => excludes.append(&mut patterns),
-            Err(msg) => {
-                eprintln!("checkpointfs: cannot mount: {msg}");
-                return EXIT_USAGE;
-            }
+    let exclusions = match crate::settings::load(&paths.state_dir)
+        .and_then(|saved| exclusions_for_mount(&a, saved.map(|s| s.exclusions)))
+    {
+        Ok(e) => e,
+        Err(msg) => {
+            eprintln!("checkpointfs: cannot mount: {msg}");
+            return EXIT_USAGE;
         }
-    }
+    };
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -949,7 +1011,7 @@ fn mount(a: MountArgs) -> i32 {
         threads,
         passthrough: !a.no_passthrough,
         allow_other: a.allow_other,
-        excludes,
+        exclusions,
     };
     if a.foreground {
         run_foreground(cfg)

@@ -6,6 +6,7 @@
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::{IntoRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
@@ -169,10 +170,18 @@ fn report(
             return EXIT_USAGE;
         }
     };
+    // The exclusions the last mount used, so that `status` explains paths as it did.
+    let exclusions = match crate::settings::load(&state_dir) {
+        Ok(saved) => saved.unwrap_or_default().exclusions,
+        Err(msg) => {
+            eprintln!("checkpointfs: {msg}");
+            return EXIT_FAILURE;
+        }
+    };
     let history = match open_history_readonly(HistoryConfig {
         source,
         state_dir: state_dir.clone(),
-        excludes: Vec::new(),
+        exclusions,
     }) {
         Ok(h) => h,
         Err(e) => {
@@ -273,8 +282,8 @@ pub fn diff(target: &Target, from: &str, to: Option<&str>, format: DiffFormat) -
     report(target, req, |h| h.diff_output(from, to, format))
 }
 
-/// `checkpointfs status MNT | --state-dir DIR [--path P]`.
-pub fn status(target: &Target, path: Option<&Path>) -> i32 {
+/// `checkpointfs status MNT | --state-dir DIR [--path P] [--json]`.
+pub fn status(target: &Target, path: Option<&Path>, json: bool) -> i32 {
     let rel = match (target, path) {
         (Target::Mount(mnt), Some(p)) => match path_in_mount(mnt, p) {
             Ok(r) => Some(r),
@@ -286,9 +295,16 @@ pub fn status(target: &Target, path: Option<&Path>) -> i32 {
         (Target::StateDir(_), Some(p)) => Some(p.to_string_lossy().trim_matches('/').to_string()),
         (_, None) => None,
     };
-    let req = Request::Status { path: rel.clone() };
+    // `P/` names a directory, also one that does not exist yet.
+    let path_is_dir = path
+        .filter(|p| p.as_os_str().as_bytes().ends_with(b"/"))
+        .map(|_| true);
+    let req = Request::Status {
+        path: rel.clone(),
+        path_is_dir,
+        json,
+    };
     report(target, req, |h| {
-        h.status_text(rel.as_deref())
-            .map(|s| format!("mount:          not mounted (read from the state dir)\n{s}"))
+        h.status_report(rel.as_deref(), path_is_dir)?.render(json)
     })
 }

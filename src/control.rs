@@ -45,6 +45,11 @@ pub enum Request {
     },
     Status {
         path: Option<String>,
+        /// For a `path` that does not exist: whether to take it as a directory (`P/`).
+        #[serde(default)]
+        path_is_dir: Option<bool>,
+        #[serde(default)]
+        json: bool,
     },
 }
 
@@ -183,12 +188,18 @@ fn handle(fs: &PassthroughFs, req: Request) -> Response {
         } => fs
             .history()
             .diff_output(&from, to.as_deref(), DiffFormat { stat, json }),
-        Request::Status { path } => fs.history().status_text(path.as_deref()).map(|s| {
-            format!(
-                "mount:          live (daemon pid {})\n{s}",
-                std::process::id()
-            )
-        }),
+        Request::Status {
+            path,
+            path_is_dir,
+            json,
+        } => fs
+            .history()
+            .status_report(path.as_deref(), path_is_dir)
+            .and_then(|mut report| {
+                report.mounted = true;
+                report.daemon_pid = Some(std::process::id());
+                report.render(json)
+            }),
     };
     match result {
         Ok(out) => Response::ok(out),

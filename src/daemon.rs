@@ -11,7 +11,7 @@ pub struct DaemonConfig {
     pub threads: usize,
     pub passthrough: bool,
     pub allow_other: bool,
-    pub excludes: Vec<String>,
+    pub exclusions: crate::history::exclusions::ExclusionConfig,
 }
 
 use std::io;
@@ -58,8 +58,27 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let history = open_history(HistoryConfig {
         source: cfg.source.clone(),
         state_dir: cfg.state_dir.clone(),
-        excludes: cfg.excludes.clone(),
+        exclusions: cfg.exclusions.clone(),
     })?;
+    // Saved once the history is known to be readable: a state dir refused for a corrupt
+    // transcript keeps its settings.
+    crate::settings::save(
+        &cfg.state_dir,
+        &crate::settings::Settings {
+            exclusions: cfg.exclusions.clone(),
+        },
+    )
+    .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot save {}/{}: {e}",
+                cfg.state_dir.display(),
+                crate::settings::SETTINGS_FILE
+            ),
+        )
+    })?;
+    info!("exclusions: {:?}", cfg.exclusions);
     let copier = {
         let h = history.clone();
         std::thread::Builder::new()

@@ -10,6 +10,7 @@
 //! - [`transcript`]: Layer 3: record types, the writer thread and replay.
 //! - [`daemon`]: wiring for one mount (session, signals, shutdown).
 //! - [`cli`]: the command line; [`manuals`]: its completion scripts and man pages.
+//! - [`settings`]: mount settings kept in the state dir (exclusions).
 pub mod cli;
 pub mod commands;
 pub mod control;
@@ -19,4 +20,5 @@ pub mod fuse_adapter;
 pub mod history;
 pub mod ids;
 pub mod manuals;
+pub mod settings;
 pub mod transcript;

@@ -8,32 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
-use common::{TestMount, cli, run, stderr, stdout, tree_listing};
-
-fn sh(m: &TestMount, script: &str) {
-    let out = run("sh", &["-c", script], &m.mnt);
-    assert!(
-        out.status.success(),
-        "sh -c {script:?} failed: {}",
-        stderr(&out)
-    );
-}
-
-fn at(m: &TestMount, id: &str) -> std::path::PathBuf {
-    m.mnt.join(".checkpoint/at").join(id)
-}
-
-fn checkpoint(m: &TestMount, id: &str) {
-    m.ctl(id).unwrap_or_else(|e| panic!("checkpoint {id}: {e}"));
-}
-
-fn rewind(m: &TestMount, id: &str, extra: &[&str]) -> String {
-    let mut args = vec!["rewind", m.mnt.to_str().unwrap(), id];
-    args.extend_from_slice(extra);
-    let out = cli(&args);
-    assert!(out.status.success(), "rewind {id}: {}", stderr(&out));
-    stdout(&out)
-}
+use common::{TestMount, at, checkpoint, cli, rewind, run, sh, stderr, stdout, tree_listing};
 
 /// A small project with files, a subdirectory, a symlink and an executable.
 fn seed(src: &Path) {

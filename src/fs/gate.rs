@@ -29,8 +29,12 @@ pub enum Change<'a> {
     /// Data written through a handle that was opened (and gated) for writing.
     WriteThrough(&'a Inode),
     /// A name appears or disappears in a directory: create, mkdir, mknod, symlink, link,
-    /// unlink, rmdir.
-    Entry { parent: &'a Inode, name: &'a OsStr },
+    /// unlink, rmdir. `is_dir`: the entry is a directory (mkdir, rmdir).
+    Entry {
+        parent: &'a Inode,
+        name: &'a OsStr,
+        is_dir: bool,
+    },
     /// rename(2) in all its forms. `exchange`: RENAME_EXCHANGE.
     Rename {
         parent: &'a Inode,
@@ -44,6 +48,19 @@ pub enum Change<'a> {
 /// Proof that a change went through the gate. Hold it while the mutation runs.
 pub struct Permit<'g> {
     _epoch: RwLockReadGuard<'g, ()>,
+    history: &'g History,
+    /// Changed paths on which the exclusion rules depend (a `.gitignore`, a renamed
+    /// directory): reported to the history when the permit is dropped, i.e. once the
+    /// mutation is done and the new rules are on disk.
+    rules_touched: Vec<Vec<u8>>,
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        for rel in &self.rules_touched {
+            self.history.exclusion_rules_changed(rel);
+        }
+    }
 }
 
 pub struct Gate {
@@ -83,9 +100,11 @@ impl Gate {
             .epoch_lock
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut rules_touched = Vec::new();
         match change {
             // Writes through a handle need no backup of their own: the open that made the
             // handle writable was gated, and a checkpoint captures files open for writing.
+            // (A `.gitignore` written this way is reported when the handle is released.)
             Change::WriteThrough(_) => {}
             Change::Object(inode) => {
                 if let Some(rel) = self.rel_path_of(inode)? {
@@ -94,17 +113,24 @@ impl Gate {
                         caller,
                         String::from_utf8_lossy(&rel)
                     );
-                    self.history.before_change(caller, &rel)?;
+                    self.history
+                        .before_change(caller, &rel, Some(inode.is_dir()))?;
+                    self.note_rules_dependency(&mut rules_touched, rel, false);
                 }
             }
-            Change::Entry { parent, name } => {
+            Change::Entry {
+                parent,
+                name,
+                is_dir,
+            } => {
                 if let Some(rel) = self.rel_child(parent, name)? {
                     debug!(
                         "gate: {} adds/removes {:?}",
                         caller,
                         String::from_utf8_lossy(&rel)
                     );
-                    self.history.before_change(caller, &rel)?;
+                    self.history.before_change(caller, &rel, Some(is_dir))?;
+                    self.note_rules_dependency(&mut rules_touched, rel, false);
                 }
             }
             Change::Rename {
@@ -125,10 +151,22 @@ impl Gate {
                         if exchange { " (exchange)" } else { "" }
                     );
                     self.history.before_rename(caller, &from, &to, exchange)?;
+                    self.note_rules_dependency(&mut rules_touched, from, true);
+                    self.note_rules_dependency(&mut rules_touched, to, true);
                 }
             }
         }
-        Ok(Permit { _epoch: guard })
+        Ok(Permit {
+            _epoch: guard,
+            history: &self.history,
+            rules_touched,
+        })
+    }
+
+    fn note_rules_dependency(&self, touched: &mut Vec<Vec<u8>>, rel: Vec<u8>, rename: bool) {
+        if self.history.exclusion_rules_depend_on(&rel, rename) {
+            touched.push(rel);
+        }
     }
 
     /// The path of `inode` relative to the mount root (empty for the root itself), or

@@ -286,7 +286,7 @@ impl PassthroughFs {
         mode: u32,
         rdev: u32,
     ) -> io::Result<Entry> {
-        self.create_entry(caller, parent, name, &|permit, dir, c| {
+        self.create_entry(caller, parent, name, false, &|permit, dir, c| {
             mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
         })
     }
@@ -298,7 +298,7 @@ impl PassthroughFs {
         name: &OsStr,
         mode: u32,
     ) -> io::Result<Entry> {
-        self.create_entry(caller, parent, name, &|permit, dir, c| {
+        self.create_entry(caller, parent, name, true, &|permit, dir, c| {
             mutate::mkdirat(permit, dir, c, mode)
         })
     }
@@ -312,7 +312,7 @@ impl PassthroughFs {
     ) -> io::Result<Entry> {
         let target = std::ffi::CString::new(target.as_os_str().as_bytes())
             .map_err(|_| errno(libc::EINVAL))?;
-        self.create_entry(caller, parent, name, &|permit, dir, c| {
+        self.create_entry(caller, parent, name, false, &|permit, dir, c| {
             mutate::symlinkat(permit, &target, dir, c)
         })
     }
@@ -324,6 +324,7 @@ impl PassthroughFs {
         caller: &Caller,
         parent: u64,
         name: &OsStr,
+        is_dir: bool,
         make: &dyn Fn(&gate::Permit<'_>, BorrowedFd<'_>, &std::ffi::CStr) -> io::Result<()>,
     ) -> io::Result<Entry> {
         let parent = self.real_parent(parent)?;
@@ -334,6 +335,7 @@ impl PassthroughFs {
                 Change::Entry {
                     parent: &parent,
                     name,
+                    is_dir,
                 },
             )?;
             {
@@ -364,6 +366,7 @@ impl PassthroughFs {
                 Change::Entry {
                     parent: &new_parent,
                     name: new_name,
+                    is_dir: false,
                 },
             )?;
             mutate::linkat(&permit, inode.fd.as_raw_fd(), new_parent.fd.as_fd(), c)?;
@@ -389,6 +392,7 @@ impl PassthroughFs {
                 Change::Entry {
                     parent: &parent,
                     name,
+                    is_dir: flags & libc::AT_REMOVEDIR != 0,
                 },
             )?;
             mutate::unlinkat(&permit, parent.fd.as_fd(), c, flags)
@@ -546,6 +550,7 @@ impl PassthroughFs {
                     Change::Entry {
                         parent: &parent,
                         name,
+                        is_dir: false,
                     },
                 )?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
@@ -618,9 +623,29 @@ impl PassthroughFs {
         Ok(written as u32)
     }
 
-    pub fn flush(&self, _ino: u64, _fh: u64) -> io::Result<()> {
-        // Nothing buffered in the daemon; POSIX locks are handled by the kernel.
+    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<()> {
+        // Nothing buffered in the daemon; POSIX locks are handled by the kernel. FLUSH comes
+        // with every close(2), which waits for it (RELEASE may come later).
+        if !virt::is_virtual_handle(fh)
+            && let Some(handle) = self.handles.get(fh)
+        {
+            self.written_file_closed(&handle);
+        }
         Ok(())
+    }
+
+    /// Data written through a handle is final once it is closed: that is when a written
+    /// `.gitignore` changes the exclusion rules (its open only announced the change).
+    fn written_file_closed(&self, handle: &Handle) {
+        let history = self.gate.history();
+        if let Handle::File(f) = handle
+            && f.writable
+            && history.exclusions().uses_git_rules()
+            && let Ok(Some(rel)) = self.gate.rel_path_of(&f.inode)
+            && history.exclusion_rules_depend_on(&rel, false)
+        {
+            history.exclusion_rules_changed(&rel);
+        }
     }
 
     pub fn release(&self, fh: u64) {
@@ -628,7 +653,10 @@ impl PassthroughFs {
             self.virt.release(fh);
             return;
         }
-        self.handles.remove(fh);
+        if let Some(handle) = self.handles.remove(fh) {
+            // Also here: a mapping can still write after the last close.
+            self.written_file_closed(&handle);
+        }
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> io::Result<()> {

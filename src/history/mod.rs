@@ -34,9 +34,11 @@
 //! Lock order: `History::state` → (store, journal, transcript: leaf locks). Nothing holds
 //! `state` while copying file data: a path being copied is marked busy instead, and other
 //! threads wanting that path wait on `busy_cond`.
+pub mod exclusions;
 pub mod logdiff;
 pub mod report;
 pub mod rewind;
+pub mod status;
 pub mod store;
 mod track;
 mod view;
@@ -49,11 +51,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::SystemTime;
 
-use globset::GlobSet;
-
 use crate::transcript::journal::Journal;
 use crate::transcript::record::EntryMeta;
 use crate::transcript::writer::TranscriptWriter;
+use exclusions::{ExclusionConfig, Exclusions, Verdict};
 use store::Store;
 
 pub use view::{ViewContent, ViewEntry};
@@ -174,7 +175,7 @@ pub fn split_parent(rel: &str) -> (&str, &str) {
 pub struct HistoryConfig {
     pub source: PathBuf,
     pub state_dir: PathBuf,
-    pub excludes: Vec<String>,
+    pub exclusions: ExclusionConfig,
 }
 
 /// The two places a record is written: the store journal (synchronously, before the change
@@ -192,8 +193,7 @@ pub struct History {
     store: Store,
     /// Where records go; `None` when the state dir was opened read-only (no daemon).
     recorder: Option<Recorder>,
-    excludes: GlobSet,
-    exclude_patterns: Vec<String>,
+    exclusions: Exclusions,
     state: Mutex<State>,
     busy_cond: Condvar,
     /// (path, version) pairs waiting for the background copier.
@@ -217,17 +217,49 @@ impl History {
         &self.store
     }
 
-    pub fn exclude_patterns(&self) -> &[String] {
-        &self.exclude_patterns
+    pub fn exclusions(&self) -> &Exclusions {
+        &self.exclusions
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `rel` is excluded from tracking by `--exclude`.
-    pub fn is_excluded(&self, rel: &str) -> bool {
-        !rel.is_empty() && self.excludes.is_match(rel)
+    /// Whether `rel` is excluded from tracking (`--exclude`, `--respect-gitignore`).
+    /// `is_dir`: whether it is (or, about to be created, will be) a directory; `None`: look
+    /// at SRC, only if a rule needs to know.
+    pub fn is_excluded(&self, rel: &str, is_dir: Option<bool>) -> bool {
+        !rel.is_empty()
+            && self
+                .exclusions
+                .is_excluded(rel, || is_dir.unwrap_or_else(|| self.is_dir_now(rel)))
+    }
+
+    /// Why `rel` is or is not excluded (see [`History::is_excluded`]).
+    pub fn exclusion_verdict(&self, rel: &str, is_dir: Option<bool>) -> Verdict {
+        if rel.is_empty() {
+            return Verdict::Tracked;
+        }
+        self.exclusions
+            .verdict(rel, || is_dir.unwrap_or_else(|| self.is_dir_now(rel)))
+    }
+
+    /// Whether a change of `rel` can change the exclusion rules (see
+    /// [`Exclusions::rules_depend_on`]).
+    pub fn exclusion_rules_depend_on(&self, rel: &[u8], rename: bool) -> bool {
+        rel_key(rel).is_some_and(|rel| self.exclusions.rules_depend_on(rel, rename))
+    }
+
+    /// A change of `rel` that can change the exclusion rules is done.
+    pub fn exclusion_rules_changed(&self, rel: &[u8]) {
+        if let Some(rel) = rel_key(rel) {
+            self.exclusions.rules_changed(rel);
+        }
+    }
+
+    /// Whether `rel` is a directory in SRC now (false if absent).
+    fn is_dir_now(&self, rel: &str) -> bool {
+        matches!(self.current_meta(rel), Ok(Some(m)) if m.kind == crate::transcript::record::EntryKind::Dir)
     }
 
     pub fn checkpoint_ids(&self) -> Vec<String> {

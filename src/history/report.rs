@@ -1,8 +1,7 @@
-//! What changed between two points of a history ([`History::changes`]), and the text of
-//! `status`; computed online (in the daemon) or offline (a state dir opened read-only).
-//! `log` and `diff` are rendered in [`super::logdiff`].
+//! What changed between two points of a history ([`History::changes`]); computed online
+//! (in the daemon) or offline (a state dir opened read-only). `log` and `diff` are rendered
+//! in [`super::logdiff`], `status` in [`super::status`].
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::io;
 
 use super::History;
@@ -101,81 +100,5 @@ impl History {
             return Ok(a == b);
         }
         Ok(self.view_read_all(x)? == self.view_read_all(y)?)
-    }
-
-    /// `checkpointfs status`: where things are and how big they are; with `path`, why that
-    /// path is or is not tracked.
-    pub fn status_text(&self, path: Option<&str>) -> io::Result<String> {
-        let mut out = String::new();
-        let checkpoints = self.checkpoints();
-        let (tracked, dirty) = {
-            let st = self.lock();
-            (
-                st.paths.len(),
-                st.paths.values().filter(|h| h.dirty).count(),
-            )
-        };
-        let objects = self.store().list()?.len();
-        let bytes = self.store().total_size()?;
-        let _ = writeln!(out, "state dir:      {}", self.state_dir().display());
-        let _ = writeln!(out, "source:         {}", self.source().display());
-        match checkpoints.last() {
-            Some(c) => {
-                let _ = writeln!(
-                    out,
-                    "checkpoints:    {} (latest: {} at {})",
-                    checkpoints.len(),
-                    c.id,
-                    super::super::transcript::record::rfc3339(c.time)
-                );
-            }
-            None => {
-                let _ = writeln!(out, "checkpoints:    0");
-            }
-        }
-        let _ = writeln!(
-            out,
-            "tracked paths:  {tracked} ({dirty} changed since the last checkpoint)"
-        );
-        let _ = writeln!(out, "store:          {objects} objects, {bytes} bytes");
-        let _ = writeln!(out, "pending copies: {}", self.pending_copies());
-        if self.exclude_patterns().is_empty() {
-            let _ = writeln!(out, "excluded:       (nothing)");
-        } else {
-            let _ = writeln!(
-                out,
-                "excluded:       {}",
-                self.exclude_patterns().join(", ")
-            );
-        }
-        if let Some(p) = path {
-            let p = p.trim_matches('/');
-            let versions = self
-                .lock()
-                .paths
-                .get(p)
-                .map(|h| (h.versions.len(), h.dirty));
-            let why = if self.is_excluded(p) {
-                format!(
-                    "excluded (matches an --exclude pattern: {})",
-                    self.exclude_patterns().join(", ")
-                )
-            } else if let Some((n, dirty)) = versions {
-                format!(
-                    "tracked: {n} version{}{}",
-                    if n == 1 { "" } else { "s" },
-                    if dirty {
-                        ", changed since the last checkpoint"
-                    } else {
-                        ""
-                    }
-                )
-            } else {
-                "not tracked yet: unchanged through the mount (it is tracked from its first change)"
-                    .to_string()
-            };
-            let _ = writeln!(out, "path {p}: {why}");
-        }
-        Ok(out)
     }
 }

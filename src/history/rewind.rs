@@ -124,7 +124,7 @@ impl History {
         let mut steps = Vec::new();
         for path in tracked
             .iter()
-            .filter(|p| selected(p) && !self.is_excluded(p))
+            .filter(|p| selected(p) && !self.is_excluded(p, None))
         {
             let target = self.view_entry(k, path.as_bytes())?;
             let current = self.current_meta(path)?;

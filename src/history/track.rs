@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::SystemTime;
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use log::{debug, info, warn};
 
 use super::store::Store;
@@ -25,38 +24,6 @@ use crate::transcript::writer::TranscriptWriter;
 
 fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
-}
-
-/// Builds the exclusion matcher. A pattern without `/` matches a name at any depth (like
-/// `.gitignore`); one with `/` is anchored at the mount root. Either way, everything below a
-/// matched directory is excluded too.
-pub fn build_excludes(patterns: &[String]) -> io::Result<GlobSet> {
-    let mut b = GlobSetBuilder::new();
-    for p in patterns {
-        let p = p.trim_end_matches('/');
-        let anchored = p.trim_start_matches('/');
-        let bases: Vec<String> = if p.contains('/') {
-            vec![anchored.to_string()]
-        } else {
-            vec![anchored.to_string(), format!("**/{anchored}")]
-        };
-        for base in bases {
-            for g in [base.clone(), format!("{base}/**")] {
-                let glob = GlobBuilder::new(&g)
-                    .literal_separator(true)
-                    .build()
-                    .map_err(|e| {
-                        io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            format!("bad --exclude pattern '{p}': {e}"),
-                        )
-                    })?;
-                b.add(glob);
-            }
-        }
-    }
-    b.build()
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
 }
 
 fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
@@ -131,15 +98,14 @@ fn assemble(
         .filter(|(_, h)| h.latest_is_pending())
         .map(|(p, h)| (p.clone(), h.versions.len() as u32))
         .collect();
-    let excludes = build_excludes(&cfg.excludes)?;
+    let exclusions = super::Exclusions::new(cfg.exclusions, &cfg.source, source_fd.try_clone()?)?;
     Ok(Arc::new_cyclic(|me| History {
         source: cfg.source,
         source_fd,
         state_dir: cfg.state_dir,
         store,
         recorder,
-        excludes,
-        exclude_patterns: cfg.excludes,
+        exclusions,
         state: Mutex::new(state),
         busy_cond: Condvar::new(),
         pending: Mutex::new(pending),
@@ -371,8 +337,15 @@ enum Need {
 
 impl History {
     /// Layer 1: called by the gate before `rel` changes. Returns once the pre-image is
-    /// durable (or known to be stored already); an error must fail the change.
-    pub fn before_change(&self, caller: &Caller, rel: &[u8]) -> io::Result<()> {
+    /// durable (or known to be stored already); an error must fail the change. `is_dir`:
+    /// whether the path is (or, about to be created, will be) a directory, for exclusion
+    /// rules that match directories only; `None`: look at SRC if a rule needs it.
+    pub fn before_change(
+        &self,
+        caller: &Caller,
+        rel: &[u8],
+        is_dir: Option<bool>,
+    ) -> io::Result<()> {
         let Some(rel) = rel_key(rel) else {
             warn!(
                 "not tracking a path that is not UTF-8: {:?}",
@@ -380,7 +353,7 @@ impl History {
             );
             return Ok(());
         };
-        if self.is_excluded(rel) {
+        if self.is_excluded(rel, is_dir) {
             return Ok(());
         }
         self.track(rel, Some(caller), false)
@@ -399,8 +372,17 @@ impl History {
             warn!("not tracking a rename involving a non-UTF-8 path");
             return Ok(());
         };
-        self.before_change(caller, from.as_bytes())?;
-        self.before_change(caller, to.as_bytes())?;
+        // After the rename `to` holds what `from` is now (exchanged: each the other's), so
+        // an exclusion rule for directories must see `from`'s type at both names.
+        let kind_of = |rel: &str| {
+            self.exclusions
+                .uses_git_rules()
+                .then(|| self.is_dir_now(rel))
+        };
+        let from_is_dir = kind_of(from);
+        let to_is_dir = if exchange { kind_of(to) } else { from_is_dir };
+        self.before_change(caller, from.as_bytes(), from_is_dir)?;
+        self.before_change(caller, to.as_bytes(), to_is_dir)?;
         self.track_subtree_move(caller, from, to)?;
         if exchange {
             self.track_subtree_move(caller, to, from)?;
@@ -435,9 +417,10 @@ impl History {
                 } else {
                     format!("{sub}/{name}")
                 };
-                self.before_change(caller, format!("{from}/{child}").as_bytes())?;
-                self.before_change(caller, format!("{to}/{child}").as_bytes())?;
-                if entry.file_type()?.is_dir() {
+                let is_dir = entry.file_type()?.is_dir();
+                self.before_change(caller, format!("{from}/{child}").as_bytes(), Some(is_dir))?;
+                self.before_change(caller, format!("{to}/{child}").as_bytes(), Some(is_dir))?;
+                if is_dir {
                     stack.push(child);
                 }
             }
@@ -818,33 +801,5 @@ impl History {
     /// Number of pending versions still to copy (for status and tests).
     pub fn pending_copies(&self) -> usize {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn excludes_match_names_at_any_depth_and_anchor_paths_with_slashes() {
-        let g = build_excludes(&["target".into(), "*.o".into(), "build/out".into()]).unwrap();
-        assert!(g.is_match("target"));
-        assert!(g.is_match("target/debug/x"));
-        assert!(g.is_match("sub/target/x"));
-        assert!(g.is_match("a.o"));
-        assert!(g.is_match("src/a.o"));
-        assert!(g.is_match("build/out/x"));
-        assert!(!g.is_match("sub/build/out"));
-        assert!(!g.is_match("targets"));
-        assert!(!g.is_match("src/main.rs"));
-    }
-
-    #[test]
-    fn bad_exclude_pattern_is_a_clear_error() {
-        let err = build_excludes(&["a[".into()]).unwrap_err();
-        assert!(
-            err.to_string().contains("bad --exclude pattern 'a['"),
-            "{err}"
-        );
     }
 }

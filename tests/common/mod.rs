@@ -92,6 +92,12 @@ impl TestMount {
         self.env.push((key.to_string(), value.to_string()));
     }
 
+    /// Replaces the extra `mount` arguments for later `mount`s (e.g. a remount with other
+    /// flags).
+    pub fn set_args(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|s| s.to_string()).collect();
+    }
+
     /// The daemon's pid while mounted by this harness.
     pub fn pid(&self) -> Option<i32> {
         self.pid
@@ -237,6 +243,35 @@ impl Drop for TestMount {
             reap(pid, Duration::from_secs(5));
         }
     }
+}
+
+/// Runs `sh -c script` in the mount, asserting success.
+pub fn sh(m: &TestMount, script: &str) {
+    let out = run("sh", &["-c", script], &m.mnt);
+    assert!(
+        out.status.success(),
+        "sh -c {script:?} failed: {}",
+        stderr(&out)
+    );
+}
+
+/// `MNT/.checkpoint/at/<id>`: the tree at checkpoint `id`.
+pub fn at(m: &TestMount, id: &str) -> PathBuf {
+    m.mnt.join(".checkpoint/at").join(id)
+}
+
+/// Takes checkpoint `id` through `.checkpoint/ctl`, asserting success.
+pub fn checkpoint(m: &TestMount, id: &str) {
+    m.ctl(id).unwrap_or_else(|e| panic!("checkpoint {id}: {e}"));
+}
+
+/// `checkpointfs rewind MNT ID [extra...]`, asserting success; returns its stdout.
+pub fn rewind(m: &TestMount, id: &str, extra: &[&str]) -> String {
+    let mut args = vec!["rewind", m.mnt.to_str().unwrap(), id];
+    args.extend_from_slice(extra);
+    let out = cli(&args);
+    assert!(out.status.success(), "rewind {id}: {}", stderr(&out));
+    stdout(&out)
 }
 
 /// Makes this test process the reaper of orphaned descendants, so detached daemons become

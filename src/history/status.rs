@@ -1,0 +1,373 @@
+//! `checkpointfs status`: where the history is, how big it is, what is excluded from it, and
+//! for one path whether and why it is tracked. One [`StatusReport`] gives both the text and
+//! the JSON (`checkpointfs.status/1`, documented in docs/json-output.md), so the two always
+//! carry the same facts.
+use std::fmt::Write as _;
+use std::io;
+use std::time::UNIX_EPOCH;
+
+use serde::Serialize;
+
+use super::History;
+use super::exclusions::{ExcludeFile, Verdict};
+use crate::transcript::record::{EntryKind, rfc3339};
+
+pub const STATUS_SCHEMA: &str = "checkpointfs.status/1";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    pub schema: &'static str,
+    /// Whether a daemon serves the state dir (else it was read directly).
+    pub mounted: bool,
+    pub daemon_pid: Option<u32>,
+    pub state_dir: String,
+    pub source: String,
+    pub checkpoints: CheckpointSummary,
+    pub tracked_paths: usize,
+    pub changed_since_last_checkpoint: usize,
+    pub store: StoreUsage,
+    pub pending_copies: usize,
+    pub exclusions: ExclusionSummary,
+    /// The answer for `--path`.
+    pub path: Option<PathStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointSummary {
+    pub count: usize,
+    pub latest: Option<CheckpointRef>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointRef {
+    pub id: String,
+    /// RFC 3339, UTC.
+    pub time: String,
+    pub time_unix_ns: u128,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreUsage {
+    pub objects: usize,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExclusionSummary {
+    pub exclude: Vec<String>,
+    pub exclude_from: Vec<ExcludeFile>,
+    pub respect_gitignore: bool,
+    /// The ignore files in effect (with `respect_gitignore`): `.gitignore` files relative to
+    /// the mount root, `.git/info/exclude`, the global file (absolute).
+    pub ignore_files: Vec<String>,
+    pub global_excludes_file: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PathStatus {
+    /// Relative to the mount root.
+    pub path: String,
+    pub exists: bool,
+    pub is_dir: bool,
+    /// Whether a change of the path is (would be) backed up.
+    pub tracked: bool,
+    pub reason: Reason,
+    /// Versions in the history (0: never backed up).
+    pub versions: usize,
+    /// The latest checkpoint: Layer 1 backups made now belong to this message.
+    pub current_message: Option<String>,
+    /// Whether the path was backed up since the latest checkpoint (changed in this message).
+    pub backup_in_current_message: bool,
+    /// The human line, as `status --path` prints it.
+    pub text: String,
+}
+
+/// The rule behind a path's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reason {
+    /// `none` (no rule applies), `git-dir`, `exclude`, `exclude-from`, `gitignore`,
+    /// `gitignore-negation`.
+    pub kind: &'static str,
+    /// `--exclude`, the `--exclude-from` file, or the ignore file.
+    pub source: Option<String>,
+    pub line: Option<usize>,
+    pub pattern: Option<String>,
+    /// The excluded ancestor directory, when the rule matched it rather than the path.
+    pub parent: Option<String>,
+}
+
+impl Reason {
+    fn of(v: &Verdict) -> Reason {
+        let none = Reason {
+            kind: "none",
+            source: None,
+            line: None,
+            pattern: None,
+            parent: None,
+        };
+        match v {
+            Verdict::Tracked => none,
+            Verdict::GitDir => Reason {
+                kind: "git-dir",
+                ..none
+            },
+            Verdict::Glob { pattern, file } => Reason {
+                kind: if file.is_some() {
+                    "exclude-from"
+                } else {
+                    "exclude"
+                },
+                source: Some(match file {
+                    Some(f) => f.display().to_string(),
+                    None => "--exclude".to_string(),
+                }),
+                pattern: Some(pattern.clone()),
+                ..none
+            },
+            Verdict::Ignored { rule, parent } => Reason {
+                kind: "gitignore",
+                source: Some(rule.file.clone()),
+                line: Some(rule.line),
+                pattern: Some(rule.pattern.clone()),
+                parent: parent.clone(),
+            },
+            Verdict::Negated { rule } => Reason {
+                kind: "gitignore-negation",
+                source: Some(rule.file.clone()),
+                line: Some(rule.line),
+                pattern: Some(rule.pattern.clone()),
+                parent: None,
+            },
+        }
+    }
+}
+
+/// `P: tracked`, `P: excluded by sub/.gitignore:3 'build/'`, … (git check-ignore's
+/// `file:line` form for rules).
+fn verdict_text(v: &Verdict) -> String {
+    match v {
+        Verdict::Tracked => "tracked".to_string(),
+        Verdict::GitDir => {
+            "tracked (in the git directory, where ignore rules do not apply)".to_string()
+        }
+        Verdict::Glob {
+            pattern,
+            file: None,
+        } => format!("excluded by --exclude '{pattern}'"),
+        Verdict::Glob {
+            pattern,
+            file: Some(f),
+        } => format!("excluded by --exclude-from {} '{pattern}'", f.display()),
+        Verdict::Ignored { rule, parent } => {
+            let mut s = format!("excluded by {}:{} '{}'", rule.file, rule.line, rule.pattern);
+            if let Some(parent) = parent {
+                let _ = write!(s, " (matches its parent directory {parent})");
+            }
+            s
+        }
+        Verdict::Negated { rule } => format!(
+            "not excluded by {}:{} '{}' (negation) — tracked",
+            rule.file, rule.line, rule.pattern
+        ),
+    }
+}
+
+impl History {
+    /// The status of this history; with `path` (relative to the mount root), why that
+    /// path is or is not tracked. `path_is_dir`: what to assume for a path that does not
+    /// exist (`P/` was given); otherwise it is looked up. `mounted`/`daemon_pid` are the
+    /// caller's to fill in.
+    pub fn status_report(
+        &self,
+        path: Option<&str>,
+        path_is_dir: Option<bool>,
+    ) -> io::Result<StatusReport> {
+        let checkpoints = self.checkpoints();
+        let (tracked_paths, changed) = {
+            let st = self.lock();
+            (
+                st.paths.len(),
+                st.paths.values().filter(|h| h.dirty).count(),
+            )
+        };
+        let latest = checkpoints.last().map(|c| CheckpointRef {
+            id: c.id.clone(),
+            time: rfc3339(c.time),
+            time_unix_ns: c
+                .time
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        });
+        let config = self.exclusions().config();
+        let exclusions = ExclusionSummary {
+            exclude: config.exclude.clone(),
+            exclude_from: config.exclude_from.clone(),
+            respect_gitignore: config.respect_gitignore,
+            ignore_files: self.exclusions().ignore_files(),
+            global_excludes_file: self
+                .exclusions()
+                .global_excludes_file()
+                .map(|p| p.display().to_string()),
+        };
+        let path = match path {
+            Some(p) => Some(self.path_status(p, path_is_dir)?),
+            None => None,
+        };
+        Ok(StatusReport {
+            schema: STATUS_SCHEMA,
+            mounted: false,
+            daemon_pid: None,
+            state_dir: self.state_dir().display().to_string(),
+            source: self.source().display().to_string(),
+            checkpoints: CheckpointSummary {
+                count: checkpoints.len(),
+                latest,
+            },
+            tracked_paths,
+            changed_since_last_checkpoint: changed,
+            store: StoreUsage {
+                objects: self.store().list()?.len(),
+                bytes: self.store().total_size()?,
+            },
+            pending_copies: self.pending_copies(),
+            exclusions,
+            path,
+        })
+    }
+
+    fn path_status(&self, rel: &str, is_dir_hint: Option<bool>) -> io::Result<PathStatus> {
+        let rel = rel.trim_matches('/');
+        let meta = self.current_meta(rel)?;
+        let exists = meta.is_some();
+        let is_dir = match &meta {
+            Some(m) => m.kind == EntryKind::Dir,
+            None => is_dir_hint.unwrap_or(false),
+        };
+        let verdict = self.exclusion_verdict(rel, Some(is_dir));
+        let (versions, dirty) = self
+            .lock()
+            .paths
+            .get(rel)
+            .map_or((0, false), |h| (h.versions.len(), h.dirty));
+        let current_message = self.checkpoints().last().map(|c| c.id.clone());
+        let message = match &current_message {
+            Some(id) => format!("the current message '{id}'"),
+            None => "the current message (before the first checkpoint)".to_string(),
+        };
+        let history = match versions {
+            0 => String::new(),
+            1 => "; 1 version in the history".to_string(),
+            n => format!("; {n} versions in the history"),
+        };
+        let backup = if dirty {
+            format!("backed up in {message}{history}")
+        } else if !exists && versions == 0 {
+            "does not exist".to_string()
+        } else {
+            format!("no backup in {message}{history}")
+        };
+        let shown = if rel.is_empty() { "." } else { rel };
+        let text = format!("{shown}: {}; {backup}", verdict_text(&verdict));
+        Ok(PathStatus {
+            path: rel.to_string(),
+            exists,
+            is_dir,
+            tracked: !verdict.is_excluded(),
+            reason: Reason::of(&verdict),
+            versions,
+            current_message,
+            backup_in_current_message: dirty,
+            text,
+        })
+    }
+}
+
+impl StatusReport {
+    /// The report as `status` prints it: JSON or text.
+    pub fn render(&self, json: bool) -> io::Result<String> {
+        if json {
+            self.to_json()
+        } else {
+            Ok(self.to_text())
+        }
+    }
+
+    pub fn to_json(&self) -> io::Result<String> {
+        let mut s = serde_json::to_string_pretty(self)?;
+        s.push('\n');
+        Ok(s)
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let mount = match (self.mounted, self.daemon_pid) {
+            (true, Some(pid)) => format!("live (daemon pid {pid})"),
+            (true, None) => "live".to_string(),
+            (false, _) => "not mounted (read from the state dir)".to_string(),
+        };
+        let _ = writeln!(out, "mount:          {mount}");
+        let _ = writeln!(out, "state dir:      {}", self.state_dir);
+        let _ = writeln!(out, "source:         {}", self.source);
+        match &self.checkpoints.latest {
+            Some(c) => {
+                let _ = writeln!(
+                    out,
+                    "checkpoints:    {} (latest: {} at {})",
+                    self.checkpoints.count, c.id, c.time
+                );
+            }
+            None => {
+                let _ = writeln!(out, "checkpoints:    0");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "tracked paths:  {} ({} changed since the last checkpoint)",
+            self.tracked_paths, self.changed_since_last_checkpoint
+        );
+        let _ = writeln!(
+            out,
+            "store:          {} objects, {} bytes",
+            self.store.objects, self.store.bytes
+        );
+        let _ = writeln!(out, "pending copies: {}", self.pending_copies);
+        self.exclusions_text(&mut out);
+        if let Some(p) = &self.path {
+            let _ = writeln!(out, "{}", p.text);
+        }
+        out
+    }
+
+    fn exclusions_text(&self, out: &mut String) {
+        let e = &self.exclusions;
+        let quoted = |patterns: &[String]| {
+            patterns
+                .iter()
+                .map(|p| format!("'{p}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if e.exclude.is_empty() {
+            let _ = writeln!(out, "exclude:        (none)");
+        } else {
+            let _ = writeln!(out, "exclude:        {}", quoted(&e.exclude));
+        }
+        if e.exclude_from.is_empty() {
+            let _ = writeln!(out, "exclude-from:   (none)");
+        }
+        for f in &e.exclude_from {
+            let patterns = if f.patterns.is_empty() {
+                "(no patterns)".to_string()
+            } else {
+                quoted(&f.patterns)
+            };
+            let _ = writeln!(out, "exclude-from:   {}: {patterns}", f.file.display());
+        }
+        let gitignore = match (e.respect_gitignore, e.ignore_files.is_empty()) {
+            (false, _) => "off".to_string(),
+            (true, true) => "on (no ignore files)".to_string(),
+            (true, false) => format!("on: {}", e.ignore_files.join(", ")),
+        };
+        let _ = writeln!(out, "gitignore:      {gitignore}");
+    }
+}
