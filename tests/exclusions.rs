@@ -325,6 +325,11 @@ fn status_explains_each_path_and_lists_the_exclusion_sources() {
     assert_eq!(j["mounted"], true);
     assert_eq!(j["checkpoints"]["count"], 1);
     assert_eq!(j["checkpoints"]["latest"]["id"], "m1");
+    let ns = j["checkpoints"]["latest"]["time_unix_ns"].as_i64().unwrap();
+    assert!(
+        ns > 0 && ns % 1_000_000 == 0,
+        "milliseconds, as the transcript keeps: {ns}"
+    );
     assert_eq!(j["exclusions"]["exclude"], serde_json::json!(["target"]));
     assert_eq!(j["exclusions"]["respect_gitignore"], true);
     assert_eq!(

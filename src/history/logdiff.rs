@@ -44,7 +44,7 @@ pub struct Timestamp {
 }
 
 impl Timestamp {
-    fn of(t: SystemTime) -> Timestamp {
+    pub fn of(t: SystemTime) -> Timestamp {
         let ms = match t.duration_since(UNIX_EPOCH) {
             Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
             // Before 1970: round towards the past, as the string does.

@@ -4,13 +4,13 @@
 //! carry the same facts.
 use std::fmt::Write as _;
 use std::io;
-use std::time::UNIX_EPOCH;
 
 use serde::Serialize;
 
 use super::History;
 use super::exclusions::{ExcludeFile, Verdict};
-use crate::transcript::record::{EntryKind, rfc3339};
+use super::logdiff::Timestamp;
+use crate::transcript::record::EntryKind;
 
 pub const STATUS_SCHEMA: &str = "checkpointfs.status/1";
 
@@ -41,9 +41,9 @@ pub struct CheckpointSummary {
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckpointRef {
     pub id: String,
-    /// RFC 3339, UTC.
-    pub time: String,
-    pub time_unix_ns: u128,
+    /// `time` and `time_unix_ns`, as in `log --json`.
+    #[serde(flatten)]
+    pub time: Timestamp,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -192,11 +192,7 @@ impl History {
         };
         let latest = checkpoints.last().map(|c| CheckpointRef {
             id: c.id.clone(),
-            time: rfc3339(c.time),
-            time_unix_ns: c
-                .time
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
+            time: Timestamp::of(c.time),
         });
         let config = self.exclusions().config();
         let exclusions = ExclusionSummary {
@@ -313,7 +309,7 @@ impl StatusReport {
                 let _ = writeln!(
                     out,
                     "checkpoints:    {} (latest: {} at {})",
-                    self.checkpoints.count, c.id, c.time
+                    self.checkpoints.count, c.id, c.time.time
                 );
             }
             None => {
