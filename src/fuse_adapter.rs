@@ -87,7 +87,8 @@ impl Filesystem for FuseAdapter {
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_CACHE_SYMLINKS;
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         for flag in wanted.iter() {
             if config.add_capabilities(flag).is_err() {
                 debug!("kernel lacks capability {flag:?}");
@@ -317,12 +318,16 @@ impl Filesystem for FuseAdapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(&caller(req), ino.0, fh.0, offset, data) {
+        let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self
+            .fs
+            .write(&caller(req), ino.0, fh.0, offset, data, kill_suidgid)
+        {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(fail("write", e)),
         }

@@ -68,6 +68,7 @@ both_modes!(
     real_tools_cp_tar_sed_python,
     git_in_the_mount,
     creation_as_another_user,
+    writes_by_others_clear_setuid_and_setgid,
     debug_log_shows_gate_lines,
 );
 
@@ -1996,6 +1997,142 @@ fn creation_as_another_user(args: &[&str]) {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(names_via_read_dir(&m.src.join("shared")), ["rootfile"]);
+}
+
+/// The kernel leaves clearing setuid/setgid to the daemon (FUSE_HANDLE_KILLPRIV_V2): every
+/// way of writing must clear them exactly as the VFS does on a local filesystem, in both IO
+/// modes (with kernel passthrough the write itself never reaches the daemon).
+fn writes_by_others_clear_setuid_and_setgid(args: &[&str]) {
+    let mut all = args.to_vec();
+    all.push("--allow-other");
+    let m = TestMount::with_args(&all);
+    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = m.mnt.join("bits");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    // (file, mode, gid, who runs the command, command, mode expected afterwards)
+    let cases: &[(&str, u32, u32, &str, &str, u32)] = &[
+        ("append", 0o6777, 0, "nobody", "echo x >> append", 0o777),
+        ("trunc", 0o6777, 0, "nobody", "truncate -s 1 trunc", 0o777),
+        ("otrunc", 0o6777, 0, "nobody", "echo y > otrunc", 0o777),
+        (
+            "dd",
+            0o4766,
+            0,
+            "nobody",
+            "echo z | dd of=dd conv=notrunc status=none",
+            0o766,
+        ),
+        // setgid without group-execute: kept for a member of the file's group only.
+        (
+            "sgid-other",
+            0o2666,
+            0,
+            "nobody",
+            "echo x >> sgid-other",
+            0o666,
+        ),
+        (
+            "sgid-member",
+            0o2666,
+            65534,
+            "nobody",
+            "echo x >> sgid-member",
+            0o2666,
+        ),
+        // A caller with CAP_FSETID (root) keeps both bits.
+        (
+            "root",
+            0o6777,
+            0,
+            "root",
+            "echo x >> root; truncate -s 1 root",
+            0o6777,
+        ),
+    ];
+    for &(name, mode, gid, _, _, _) in cases {
+        let path = dir.join(name);
+        fs::write(&path, "content\n").unwrap();
+        std::os::unix::fs::chown(&path, Some(0), Some(gid)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    for &(name, _, _, who, script, expected) in cases {
+        let out = if who == "root" {
+            run("sh", &["-c", script], &dir)
+        } else {
+            run(
+                "setpriv",
+                &[
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                    script,
+                ],
+                &dir,
+            )
+        };
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        for (place, path) in [
+            ("MNT", dir.join(name)),
+            ("SRC", m.src.join("bits").join(name)),
+        ] {
+            assert_eq!(
+                lstat(&path).st_mode & 0o7777,
+                expected,
+                "{name}: mode in {place} after `{script}` as {who}"
+            );
+        }
+    }
+    // chgrp by the owner to a group they are in: setgid without group-execute survives only
+    // for a member of the old group; with group-execute it is always cleared.
+    let out = run(
+        "sh",
+        &["-c", "echo f > chg && chown 65534:0 chg && chmod 2674 chg"],
+        &dir,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(
+        "setpriv",
+        &[
+            "--reuid=65534",
+            "--regid=65534",
+            "--groups=65534",
+            "chgrp",
+            "65534",
+            "chg",
+        ],
+        &dir,
+    );
+    assert!(out.status.success(), "chgrp: {}", stderr(&out));
+    assert_eq!(lstat(&m.src.join("bits/chg")).st_mode & 0o7777, 0o674);
+    assert_eq!(lstat(&m.src.join("bits/chg")).st_gid, 65534);
+    // Without group-execute, an owner outside the old group loses setgid too — the one
+    // case the daemon's own chown (as root) would not clear.
+    let out = run(
+        "sh",
+        &[
+            "-c",
+            "echo f > chg2 && chown 65534:0 chg2 && chmod 2664 chg2",
+        ],
+        &dir,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(
+        "setpriv",
+        &[
+            "--reuid=65534",
+            "--regid=65534",
+            "--groups=65534",
+            "chgrp",
+            "65534",
+            "chg2",
+        ],
+        &dir,
+    );
+    assert!(out.status.success(), "chgrp: {}", stderr(&out));
+    assert_eq!(lstat(&m.src.join("bits/chg2")).st_mode & 0o7777, 0o664);
 }
 
 // ---- logging ---------------------------------------------------------------------------

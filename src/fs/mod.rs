@@ -10,6 +10,7 @@
 pub mod gate;
 pub mod handles;
 pub mod inodes;
+mod privs;
 pub mod sys;
 pub mod virt;
 
@@ -65,6 +66,18 @@ pub struct SetAttr {
     pub atime: Option<TimeOrNow>,
     pub mtime: Option<TimeOrNow>,
     pub fh: Option<u64>,
+}
+
+impl SetAttr {
+    /// Nothing to change: how the kernel asks us to drop privileges before a write.
+    fn is_empty(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+    }
 }
 
 pub struct DirEntryOut<'a> {
@@ -222,6 +235,17 @@ impl PassthroughFs {
             _ => None,
         };
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
+        // Privilege dropping the kernel left to us (see `privs`), judged on the mode
+        // before the change, as the VFS does.
+        let to_drop = if set.mode.is_some() {
+            0
+        } else if set.is_empty() || set.size.is_some() {
+            self.privs_to_drop(caller, &inode, privs::to_drop_on_write)?
+        } else if set.uid.is_some() || set.gid.is_some() {
+            self.privs_to_drop(caller, &inode, privs::to_drop_on_chown)?
+        } else {
+            0
+        };
         if let Some(mode) = set.mode {
             match handle_fd {
                 Some(f) => mutate::fchmod(&permit, f.fd.as_fd(), mode)?,
@@ -256,9 +280,32 @@ impl PassthroughFs {
                 None => mutate::utimens(&permit, inode.fd.as_raw_fd(), &times)?,
             }
         }
+        if to_drop != 0 {
+            let st = sys::fstat(inode.fd.as_fd())?;
+            mutate::chmod(
+                &permit,
+                inode.fd.as_raw_fd(),
+                st.st_mode & 0o7777 & !to_drop,
+            )?;
+        }
         drop(permit);
         let st = sys::fstat(inode.fd.as_fd())?;
         Ok((attr_from_stat(ino, &st), TTL))
+    }
+
+    /// The setuid/setgid bits `caller` must lose on `inode` by the given rule; 0 without
+    /// a `/proc` read for the files (nearly all) that carry neither bit.
+    fn privs_to_drop(
+        &self,
+        caller: &Caller,
+        inode: &Inode,
+        rule: fn(u32, u32, &privs::Privilege) -> u32,
+    ) -> io::Result<u32> {
+        let st = sys::fstat(inode.fd.as_fd())?;
+        if !privs::has_suidgid(st.st_mode) {
+            return Ok(0);
+        }
+        Ok(rule(st.st_mode, st.st_gid, &privs::Privilege::of(caller)))
     }
 
     pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
@@ -598,6 +645,7 @@ impl PassthroughFs {
         fh: u64,
         offset: u64,
         data: &[u8],
+        kill_suidgid: bool,
     ) -> io::Result<u32> {
         if virt::is_virtual(ino) {
             return self.virt.write(self, caller, ino, data);
@@ -607,6 +655,13 @@ impl PassthroughFs {
             return Err(errno(libc::EISDIR));
         };
         let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
+        if kill_suidgid {
+            let to_drop = self.privs_to_drop(caller, &f.inode, privs::to_drop_on_write)?;
+            if to_drop != 0 {
+                let st = sys::fstat(f.fd.as_fd())?;
+                mutate::fchmod(&permit, f.fd.as_fd(), st.st_mode & 0o7777 & !to_drop)?;
+            }
+        }
         let mut written = 0;
         while written < data.len() {
             let n = mutate::pwrite(
