@@ -2,7 +2,8 @@
 //! (detach, readiness, pid file) and `umount`. The other subcommands dispatch to
 //! [`crate::commands`].
 //!
-//! Exit status: 0 success, 1 runtime failure, 2 usage error or refusal.
+//! Exit status: 0 success, 1 runtime failure, 2 usage error or refusal; `umount` has a few
+//! more (see [`UMOUNT_EXIT_STATUS`]).
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read, Write};
@@ -25,6 +26,27 @@ use crate::manuals;
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
+/// `umount`: MNT is not mounted (any more) and no daemon runs for it.
+pub const EXIT_UMOUNT_GONE: i32 = 3;
+/// `umount`: MNT is busy (EBUSY) and was left mounted.
+pub const EXIT_UMOUNT_BUSY: i32 = 4;
+/// `umount`: unmounted or detached, but the daemon did not exit within --timeout.
+pub const EXIT_UMOUNT_TIMEOUT: i32 = 5;
+
+/// `checkpointfs umount --help`, the man page and the README say this.
+pub const UMOUNT_EXIT_STATUS: &str = "Exit status:\n  \
+    0  unmounted, and the daemon has flushed the history and exited\n  \
+    1  any other failure (the message says what)\n  \
+    2  usage error, or MNT is not a checkpointfs mount (nothing was done)\n  \
+    3  MNT is not mounted and no daemon runs for it, so the history is complete: it was\n     \
+    already unmounted (known from the record of mounts in $XDG_RUNTIME_DIR/checkpointfs\n     \
+    or /run/checkpointfs, which is cleared at reboot), or its daemon had died (killed)\n     \
+    and the dead mount was detached now (the next mount recovers the history from the\n     \
+    state dir's journal)\n  \
+    4  MNT is busy: a process has its working directory or a file open there (see:\n     \
+    lsof +D MNT); it is still mounted. --lazy detaches it anyway\n  \
+    5  unmounted (or detached with --lazy), but the daemon had not exited after --timeout\n     \
+    seconds; its history is complete only once it has";
 
 /// File in the state dir holding the daemon's pid (decimal + "\n"); removed on clean exit.
 pub const PID_FILE: &str = "daemon.pid";
@@ -58,7 +80,8 @@ const DEFAULT_UMOUNT_TIMEOUT_SECS: u64 = 60;
     checkpointfs log /tmp/project\n  \
     checkpointfs rewind /tmp/project msg-1\n  \
     checkpointfs umount /tmp/project\n\n\
-    Exit status: 0 success, 1 runtime failure, 2 usage error or refused request.")]
+    Exit status: 0 success, 1 runtime failure, 2 usage error or refused request \
+    (umount has more: see checkpointfs umount --help).")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -77,7 +100,8 @@ pub enum Command {
     #[command(
         long_about = "Unmount MNT and wait for the daemon to finish writing its state.\n\n\
         When this returns successfully the daemon has exited and the history in the state \
-        dir is complete."
+        dir is complete.",
+        after_help = UMOUNT_EXIT_STATUS
     )]
     Umount(UmountArgs),
     /// Record a named checkpoint of the current tree
@@ -1040,7 +1064,57 @@ fn write_pid_and_mountpoint(cfg: &DaemonConfig) -> io::Result<()> {
     write_state_file(&cfg.state_dir, PID_FILE, format!("{pid}\n").as_bytes())?;
     let mut mp = cfg.mountpoint.as_os_str().as_bytes().to_vec();
     mp.push(b'\n');
-    write_state_file(&cfg.state_dir, MOUNTPOINT_FILE, &mp)
+    write_state_file(&cfg.state_dir, MOUNTPOINT_FILE, &mp)?;
+    // Only `umount`'s exit status for an already unmounted MNT depends on it.
+    if let Err(e) = record_mount(&cfg.mountpoint, &cfg.state_dir) {
+        log::warn!("cannot record the mount in the mount registry: {e}");
+    }
+    Ok(())
+}
+
+/// The record of mounts: one symlink per mount point, named by a hash of its path and
+/// pointing at its state dir, so that `umount` can tell a former checkpointfs mount point
+/// (exit 3) from any other directory (exit 2). On a tmpfs ($XDG_RUNTIME_DIR, or /run for
+/// root), so it forgets at reboot; `None` when there is neither.
+fn mount_registry() -> Option<PathBuf> {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if Path::new(&d).is_absolute() => {
+            Some(PathBuf::from(d).join("checkpointfs/mounts"))
+        }
+        // SAFETY: geteuid(2) cannot fail.
+        _ if unsafe { libc::geteuid() } == 0 => Some(PathBuf::from("/run/checkpointfs/mounts")),
+        _ => None,
+    }
+}
+
+fn registry_entry(mountpoint: &Path) -> Option<PathBuf> {
+    let digest = Sha256::digest(mountpoint.as_os_str().as_bytes());
+    let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    Some(mount_registry()?.join(name))
+}
+
+fn record_mount(mountpoint: &Path, state_dir: &Path) -> io::Result<()> {
+    let Some(entry) = registry_entry(mountpoint) else {
+        return Ok(());
+    };
+    let dir = entry.parent().unwrap_or(Path::new("/"));
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    // Replace any older record atomically: a new symlink renamed over it.
+    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(state_dir, &tmp)?;
+    fs::rename(&tmp, &entry)
+}
+
+/// The state dir recorded for `mountpoint`, if its `mountpoint` file still names it (a
+/// later mount of that state dir elsewhere makes the record stale).
+fn recorded_state_dir(mountpoint: &Path) -> Option<PathBuf> {
+    let state = fs::read_link(registry_entry(mountpoint)?).ok()?;
+    let recorded = fs::read(state.join(MOUNTPOINT_FILE)).ok()?;
+    (recorded.strip_suffix(b"\n") == Some(mountpoint.as_os_str().as_bytes())).then_some(state)
 }
 
 /// Removes STATE/daemon.pid if it still names this process.
@@ -1456,7 +1530,10 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
             eprintln!("checkpointfs: {shown} does not exist");
             return EXIT_USAGE;
         }
-        Ok(None) => return not_ours(),
+        Ok(None) => match recorded_state_dir(&path) {
+            Some(state) => return already_unmounted(mnt, &state, timeout),
+            None => return not_ours(),
+        },
         Err(e) => {
             eprintln!(
                 "checkpointfs: cannot read /proc/self/mountinfo: {}",
@@ -1486,6 +1563,9 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                 }
             }
         }
+        Err(e) if errno_of(&e) == libc::ENOTCONN && is_checkpointfs_mount(&entry) => {
+            return detach_dead_mount(mnt, &path);
+        }
         Err(e) if is_checkpointfs_mount(&entry) => {
             eprintln!(
                 "checkpointfs: warning: cannot reach the daemon of {shown} ({}); unmounting \
@@ -1510,14 +1590,21 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
         Err(e) if errno_of(&e) == libc::EBUSY => {
             eprintln!(
                 "checkpointfs: {shown} is busy (a process has its working directory or a file \
-                 open there); close it or use --lazy"
+                 open there; see: lsof +D {shown}); close it, or detach it anyway with: \
+                 checkpointfs umount --lazy {shown}"
             );
-            return EXIT_FAILURE;
+            return EXIT_UMOUNT_BUSY;
         }
         Err(e) if errno_of(&e) == libc::EPERM && fusermount_unmount(&path, lazy) => {}
+        // Unmounted by someone else since we looked: what is left is to wait for the daemon.
         Err(e) if errno_of(&e) == libc::EINVAL => {
-            eprintln!("checkpointfs: {shown} is not mounted");
-            return EXIT_FAILURE;
+            return match daemon_pid {
+                Some(pid) => wait_for_detached_daemon(mnt, pid, timeout),
+                None => {
+                    eprintln!("checkpointfs: {shown} is already unmounted");
+                    EXIT_UMOUNT_GONE
+                }
+            };
         }
         Err(e) => {
             eprintln!(
@@ -1534,6 +1621,12 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
     if wait_for_exit(pid, pidfd.as_ref(), timeout) {
         return EXIT_OK;
     }
+    timed_out(mnt, pid, lazy, timeout)
+}
+
+/// Exit status 5 with what is going on.
+fn timed_out(mnt: &Path, pid: i32, lazy: bool, timeout: Duration) -> i32 {
+    let shown = mnt.display();
     if lazy {
         eprintln!(
             "checkpointfs: {shown} is detached, but the daemon (pid {pid}) is still serving \
@@ -1548,7 +1641,77 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
             timeout.as_secs()
         );
     }
-    EXIT_FAILURE
+    EXIT_UMOUNT_TIMEOUT
+}
+
+/// MNT is not mounted, and the record of mounts says it was a checkpointfs mount of
+/// `state`: exit 3 once no daemon runs for it any more.
+fn already_unmounted(mnt: &Path, state: &Path, timeout: Duration) -> i32 {
+    let shown = mnt.display();
+    match read_pid_file(&state.join(PID_FILE)) {
+        // Detached lazily before, and still serving files opened in it.
+        Some(pid) if is_checkpointfs_process(pid) => wait_for_detached_daemon(mnt, pid, timeout),
+        Some(_) => {
+            eprintln!(
+                "checkpointfs: {shown} is already unmounted, but its daemon did not exit \
+                 cleanly ({}/{PID_FILE} remains); the next mount recovers the history from \
+                 the journal in {}",
+                state.display(),
+                state.display()
+            );
+            EXIT_UMOUNT_GONE
+        }
+        None => {
+            eprintln!(
+                "checkpointfs: {shown} is already unmounted; its daemon has exited and the \
+                 history in {} is complete",
+                state.display()
+            );
+            EXIT_UMOUNT_GONE
+        }
+    }
+}
+
+/// MNT is no longer mounted but daemon `pid` still runs: wait for it as after an unmount.
+fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
+    eprintln!(
+        "checkpointfs: {} is already unmounted; waiting for its daemon (pid {pid}) to exit",
+        mnt.display()
+    );
+    let pidfd = pidfd_open(pid);
+    if wait_for_exit(pid, pidfd.as_ref(), timeout) {
+        EXIT_OK
+    } else {
+        timed_out(mnt, pid, true, timeout)
+    }
+}
+
+/// The FUSE endpoint of a checkpointfs mount at `path` is dead (ENOTCONN: the daemon was
+/// killed or crashed). Nothing can be flushed any more; detach the mount so that MNT is
+/// usable again, and exit 3.
+fn detach_dead_mount(mnt: &Path, path: &Path) -> i32 {
+    let shown = mnt.display();
+    let detached = match umount_syscall(path, true) {
+        Ok(()) => Ok(()),
+        Err(e) if errno_of(&e) == libc::EPERM && fusermount_unmount(path, true) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = detached {
+        eprintln!(
+            "checkpointfs: the daemon serving {shown} is gone, and the dead mount cannot be \
+             detached: {}",
+            io_error_text(&e)
+        );
+        return EXIT_FAILURE;
+    }
+    let state = recorded_state_dir(path)
+        .map_or_else(|| "its state dir".to_string(), |s| s.display().to_string());
+    eprintln!(
+        "checkpointfs: the daemon serving {shown} was gone (killed or crashed); detached the \
+         dead mount. Nothing was flushed now: the next mount of {state} recovers the history \
+         from its journal"
+    );
+    EXIT_UMOUNT_GONE
 }
 
 // ---------------------------------------------------------------------------------------

@@ -638,13 +638,14 @@ fn umount_of_a_busy_mount_fails_then_lazy_waits_for_the_daemon() {
         .spawn()
         .unwrap();
     let out = cli(&["umount".as_ref(), os(&t.mnt)]);
+    let shown = t.mnt.display();
     assert_exit(
         &out,
-        1,
+        4,
         &format!(
-            "{} is busy (a process has its working directory or a file open there); close it \
-             or use --lazy",
-            t.mnt.display()
+            "{shown} is busy (a process has its working directory or a file open there; see: \
+             lsof +D {shown}); close it, or detach it anyway with: checkpointfs umount --lazy \
+             {shown}"
         ),
     );
     assert!(is_mount_point(&t.mnt) && process_alive(pid));
@@ -657,12 +658,97 @@ fn umount_of_a_busy_mount_fails_then_lazy_waits_for_the_daemon() {
         "--timeout".as_ref(),
         "1".as_ref(),
     ]);
-    assert_exit(&out, 1, "still serving open files");
+    assert_exit(&out, 5, "still serving open files");
     assert!(!is_mount_point(&t.mnt));
     assert!(process_alive(pid));
+    // Detached, but its daemon still runs: umount waits for it again, and times out again.
+    let out = cli(&[
+        "umount".as_ref(),
+        os(&t.mnt),
+        "--timeout".as_ref(),
+        "1".as_ref(),
+    ]);
+    assert_exit(&out, 5, "waiting for its daemon");
     busy.kill().unwrap();
     busy.wait().unwrap();
     assert!(wait_until(Duration::from_secs(30), || !process_alive(pid)));
+    let out = cli(&["umount".as_ref(), os(&t.mnt)]);
+    assert_exit(&out, 3, "is already unmounted; its daemon has exited");
+}
+
+#[test]
+fn umount_exit_status_0_then_3_when_already_unmounted() {
+    let mut t = TestMount::new();
+    fs::write(t.mnt.join("f"), "x").unwrap();
+    // Exit status 0 (success), no longer mounted, the daemon gone: checked by the harness.
+    t.umount();
+
+    let out = cli(&["umount".as_ref(), os(&t.mnt)]);
+    assert_exit(
+        &out,
+        3,
+        &format!(
+            "{} is already unmounted; its daemon has exited and the history in {} is complete",
+            t.mnt.display(),
+            t.state.display()
+        ),
+    );
+    // A directory that was never mounted is still "not a checkpointfs mount".
+    let never = t.root().join("never");
+    fs::create_dir(&never).unwrap();
+    assert_exit(
+        &cli(&["umount".as_ref(), os(&never)]),
+        2,
+        "is not a checkpointfs mount",
+    );
+    // The history is intact.
+    let out = cli(&["log".as_ref(), "--state-dir".as_ref(), os(&t.state)]);
+    assert!(stdout(&out).contains("A f"), "{}", stdout(&out));
+}
+
+#[test]
+fn umount_of_a_dead_endpoint_detaches_it_and_exits_3() {
+    let mut t = TestMount::new();
+    fs::write(t.mnt.join("f"), "before the crash").unwrap();
+    t.ctl("c1").unwrap();
+    t.kill_daemon();
+    let err = fs::metadata(t.mnt.join("f")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+    let out = cli(&["umount".as_ref(), os(&t.mnt)]);
+    assert_exit(
+        &out,
+        3,
+        &format!(
+            "the daemon serving {} was gone (killed or crashed); detached the dead mount. \
+             Nothing was flushed now: the next mount of {} recovers the history from its \
+             journal",
+            t.mnt.display(),
+            t.state.display()
+        ),
+    );
+    assert!(!is_mount_point(&t.mnt));
+    // ... and so it does.
+    t.mount();
+    assert_eq!(
+        fs::read_to_string(t.mnt.join("f")).unwrap(),
+        "before the crash"
+    );
+    assert!(t.mnt.join(".checkpoint/at/c1").is_dir());
+}
+
+#[test]
+fn umount_help_documents_the_exit_statuses() {
+    let help = stdout(&cli(&["umount", "--help"]));
+    for line in [
+        "0  unmounted, and the daemon has flushed",
+        "2  usage error, or MNT is not a checkpointfs mount",
+        "3  MNT is not mounted and no daemon runs for it",
+        "4  MNT is busy",
+        "lsof +D MNT",
+        "5  unmounted (or detached with --lazy), but the daemon had not exited",
+    ] {
+        assert!(help.contains(line), "{line:?} not in:\n{help}");
+    }
 }
 
 #[test]

@@ -164,13 +164,19 @@ impl TestMount {
         self.mount();
     }
 
-    /// Kills the daemon with SIGKILL (no chance to flush), then detaches the dead mount with
-    /// `umount -l`.
-    pub fn kill9(&mut self) {
-        let pid = self.pid.take().expect("kill9: not mounted");
+    /// Kills the daemon with SIGKILL (no chance to flush) and reaps it, leaving the dead
+    /// mount (ENOTCONN) in place; `Drop` still detaches it.
+    pub fn kill_daemon(&mut self) {
+        let pid = self.pid.take().expect("kill_daemon: not mounted");
         unsafe { libc::kill(pid, libc::SIGKILL) };
         wait_until(Duration::from_secs(10), || !process_alive(pid));
         reap(pid, Duration::from_secs(5));
+    }
+
+    /// Kills the daemon with SIGKILL (no chance to flush), then detaches the dead mount with
+    /// `umount -l`.
+    pub fn kill9(&mut self) {
+        self.kill_daemon();
         let out = run(
             "umount",
             &["-l".as_ref(), self.mnt.as_os_str()],
