@@ -42,8 +42,31 @@ fn seed_project(src: &Path) {
     write(src, "sub/build/x.txt", "nested build\n");
 }
 
-fn mounted(args: &[&str]) -> TestMount {
+/// Unmounted directories whose daemon sees no git configuration but `gitconfig` (the
+/// global excludes file is found through it), so the machine's own cannot change results.
+fn unmounted_with_gitconfig(args: &[&str], gitconfig: &str) -> TestMount {
     let mut m = TestMount::unmounted(args);
+    let home = m.root().join("home");
+    fs::create_dir(&home).unwrap();
+    let config = home.join("gitconfig");
+    fs::write(&config, gitconfig).unwrap();
+    for (key, value) in [
+        ("HOME", home.to_str().unwrap()),
+        ("XDG_CONFIG_HOME", home.to_str().unwrap()),
+        ("GIT_CONFIG_GLOBAL", config.to_str().unwrap()),
+        ("GIT_CONFIG_SYSTEM", "/dev/null"),
+    ] {
+        m.set_env(key, value);
+    }
+    m
+}
+
+fn unmounted(args: &[&str]) -> TestMount {
+    unmounted_with_gitconfig(args, "")
+}
+
+fn mounted(args: &[&str]) -> TestMount {
+    let mut m = unmounted(args);
     seed_project(&m.src);
     m.mount();
     m
@@ -82,7 +105,23 @@ fn read(root: &Path, rel: &str) -> Vec<u8> {
 
 #[test]
 fn nested_gitignore_rules_decide_what_is_backed_up_and_what_rewind_restores() {
-    let m = mounted(&["--respect-gitignore"]);
+    nested_rules(&[]);
+}
+
+#[test]
+fn nested_gitignore_rules_without_passthrough() {
+    nested_rules(&["--no-passthrough"]);
+}
+
+/// `--respect-gitignore` and `extra`.
+fn gitignore_and<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--respect-gitignore"];
+    args.extend_from_slice(extra);
+    args
+}
+
+fn nested_rules(extra: &[&str]) {
+    let m = mounted(&gitignore_and(extra));
     checkpoint(&m, "m1");
 
     // Every file changes: with std::fs, sed -i (temp file + rename) and shell appends.
@@ -152,7 +191,16 @@ fn nested_gitignore_rules_decide_what_is_backed_up_and_what_rewind_restores() {
 
 #[test]
 fn editing_a_gitignore_through_the_mount_changes_what_is_tracked_next() {
-    let mut m = TestMount::unmounted(&["--respect-gitignore"]);
+    edited_rules(&[]);
+}
+
+#[test]
+fn editing_a_gitignore_without_passthrough() {
+    edited_rules(&["--no-passthrough"]);
+}
+
+fn edited_rules(extra: &[&str]) {
+    let mut m = unmounted(&gitignore_and(extra));
     write(&m.src, "sub/.gitignore", "*.tmp\n");
     write(&m.src, "sub/x.tmp", "x0\n");
     write(&m.src, "sub/y.dat", "y0\n");
@@ -182,6 +230,24 @@ fn editing_a_gitignore_through_the_mount_changes_what_is_tracked_next() {
     sh(&m, "echo z1 > sub/z.tmp");
     assert!(recorded(&transcript(&m), "sub/z.tmp"));
 
+    // Written through a handle held open while other changes load the rules: what is
+    // written counts once the file is closed.
+    let py = "f = open('sub/.gitignore', 'a')\n\
+              f.write('*.gen\\n'); f.flush()\n\
+              open('sub/mid.txt', 'w').write('m')\n\
+              f.write('*.late\\n'); f.flush()\n\
+              open('sub/mid2.txt', 'w').write('m')\n\
+              f.close()\n\
+              open('sub/after.late', 'w').write('a')\n";
+    let out = common::run("python3", &["-c", py], &m.mnt);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let t = transcript(&m);
+    assert!(
+        recorded(&t, "sub/mid.txt") && !recorded(&t, "sub/after.late"),
+        "{t}"
+    );
+    sh(&m, "printf '*.dat\\n!x.tmp\\n' > sub/.gitignore");
+
     // Deleted: nothing in sub is ignored any more.
     sh(&m, "rm sub/.gitignore && echo y2 > sub/y.dat");
     assert!(recorded(&transcript(&m), "sub/y.dat"));
@@ -199,7 +265,7 @@ fn editing_a_gitignore_through_the_mount_changes_what_is_tracked_next() {
 
 #[test]
 fn git_info_exclude_applies_and_the_git_directory_stays_tracked() {
-    let mut m = TestMount::unmounted(&["--respect-gitignore"]);
+    let mut m = unmounted(&["--respect-gitignore"]);
     write(&m.src, ".git/HEAD", "ref: refs/heads/main\n");
     write(&m.src, ".git/info/exclude", "secret.txt\n");
     // Even a rule that names git's files does not exclude the git directory.
@@ -445,4 +511,37 @@ fn remount_keeps_the_exclusion_settings_and_flags_replace_them() {
     );
     assert!(!common::is_mount_point(&m.mnt));
     assert_eq!(fs::read_to_string(&settings).unwrap(), "{ not json");
+}
+
+#[test]
+fn the_global_core_excludes_file_applies_below_the_gitignore_files() {
+    let outside = tempfile::tempdir().unwrap();
+    let global = outside.path().join("global-ignore");
+    fs::write(&global, "*.bak\n").unwrap();
+    let gitconfig = format!("[core]\n\texcludesFile = {}\n", global.display());
+    let mut m = unmounted_with_gitconfig(&["--respect-gitignore"], &gitconfig);
+    write(&m.src, ".gitignore", "!important.bak\n");
+    write(&m.src, "old.bak", "o\n");
+    write(&m.src, "important.bak", "i\n");
+    m.mount();
+    checkpoint(&m, "m1");
+    sh(&m, "echo o1 > old.bak && echo i1 > important.bak");
+    let t = transcript(&m);
+    assert!(
+        !recorded(&t, "old.bak") && recorded(&t, "important.bak"),
+        "{t}"
+    );
+
+    let global = global.to_str().unwrap();
+    assert!(
+        status_path(&m, "old.bak").starts_with(&format!("old.bak: excluded by {global}:1 '*.bak'")),
+        "{}",
+        status_path(&m, "old.bak")
+    );
+    let j = status_json(&[m.mnt.to_str().unwrap()]);
+    assert_eq!(j["exclusions"]["global_excludes_file"], global);
+    assert_eq!(
+        j["exclusions"]["ignore_files"],
+        serde_json::json!([".gitignore", global])
+    );
 }

@@ -198,9 +198,15 @@ fn relative_to<'a>(rel: &'a str, dir: &str) -> &'a str {
     }
 }
 
+/// The user's global `core.excludesFile` if it exists, found as git does (`GIT_CONFIG_GLOBAL`,
+/// `~/.gitconfig`, `$XDG_CONFIG_HOME/git/config`, `/etc/gitconfig`, then the default
+/// `$XDG_CONFIG_HOME/git/ignore`), in this process's environment.
+pub fn global_excludes_file() -> Option<PathBuf> {
+    ignore::gitignore::gitconfig_excludes_path().filter(|p| p.is_file())
+}
+
 impl GitRules {
-    fn new(source: &Path, source_fd: OwnedFd) -> GitRules {
-        let global_path = ignore::gitignore::gitconfig_excludes_path().filter(|p| p.is_file());
+    fn new(source: &Path, source_fd: OwnedFd, global_path: Option<PathBuf>) -> GitRules {
         let global = global_path.as_ref().and_then(|p| match std::fs::read(p) {
             Ok(bytes) => Some(Arc::new(RuleFile::parse(
                 source,
@@ -365,8 +371,14 @@ pub struct Exclusions {
 }
 
 impl Exclusions {
-    /// `source_fd`: O_PATH on SRC (the ignore files are read beneath it).
-    pub fn new(config: ExclusionConfig, source: &Path, source_fd: OwnedFd) -> io::Result<Self> {
+    /// `source_fd`: O_PATH on SRC (the ignore files are read beneath it). `global_excludes`:
+    /// the global ignore file to apply with git's rules (see [`global_excludes_file`]).
+    pub fn new(
+        config: ExclusionConfig,
+        source: &Path,
+        source_fd: OwnedFd,
+        global_excludes: Option<PathBuf>,
+    ) -> io::Result<Self> {
         let mut builder = GlobSetBuilder::new();
         let mut glob_origin = Vec::new();
         let given = config.exclude.iter().map(|p| (p, None));
@@ -385,7 +397,7 @@ impl Exclusions {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let git = config
             .respect_gitignore
-            .then(|| GitRules::new(source, source_fd));
+            .then(|| GitRules::new(source, source_fd, global_excludes));
         Ok(Exclusions {
             config,
             globs,
@@ -540,7 +552,7 @@ mod tests {
     }
 
     fn with(config: ExclusionConfig, dir: &Path) -> Exclusions {
-        Exclusions::new(config, dir, open_dir(dir)).unwrap()
+        Exclusions::new(config, dir, open_dir(dir), None).unwrap()
     }
 
     fn globs(patterns: &[&str]) -> Exclusions {
@@ -603,7 +615,7 @@ mod tests {
             exclude: vec!["a[".into()],
             ..Default::default()
         };
-        let err = Exclusions::new(config, dir.path(), open_dir(dir.path()))
+        let err = Exclusions::new(config, dir.path(), open_dir(dir.path()), None)
             .err()
             .unwrap();
         assert!(
@@ -714,6 +726,39 @@ mod tests {
         let g = gitignore(d.path());
         assert_eq!(g.ignore_files(), vec![".gitignore", "sub/.gitignore"]);
         assert!(globs(&[]).ignore_files().is_empty());
+    }
+
+    #[test]
+    fn the_global_excludes_file_comes_last() {
+        let d = tempfile::tempdir().unwrap();
+        let global = tempfile::tempdir().unwrap();
+        let global_file = global.path().join("ignore");
+        std::fs::write(&global_file, "*.bak\n").unwrap();
+        file(d.path(), ".gitignore", "!important.bak\n");
+        let config = ExclusionConfig {
+            respect_gitignore: true,
+            ..Default::default()
+        };
+        let g = Exclusions::new(
+            config,
+            d.path(),
+            open_dir(d.path()),
+            Some(global_file.clone()),
+        )
+        .unwrap();
+        let global_name = global_file.display().to_string();
+        assert_eq!(
+            g.verdict("x/old.bak", || false),
+            Verdict::Ignored {
+                rule: rule(&global_name, 1, "*.bak"),
+                parent: None
+            }
+        );
+        assert!(!g.is_excluded("important.bak", || false));
+        assert_eq!(
+            g.ignore_files(),
+            vec![".gitignore".to_string(), global_name]
+        );
     }
 
     #[test]

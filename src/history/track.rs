@@ -98,7 +98,18 @@ fn assemble(
         .filter(|(_, h)| h.latest_is_pending())
         .map(|(p, h)| (p.clone(), h.versions.len() as u32))
         .collect();
-    let exclusions = super::Exclusions::new(cfg.exclusions, &cfg.source, source_fd.try_clone()?)?;
+    // Read only with git's rules on: without them the user's git config is none of ours.
+    let global_excludes = cfg
+        .exclusions
+        .respect_gitignore
+        .then(super::exclusions::global_excludes_file)
+        .flatten();
+    let exclusions = super::Exclusions::new(
+        cfg.exclusions,
+        &cfg.source,
+        source_fd.try_clone()?,
+        global_excludes,
+    )?;
     Ok(Arc::new_cyclic(|me| History {
         source: cfg.source,
         source_fd,
