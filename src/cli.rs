@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand};
 use sha2::{Digest, Sha256};
 
 use crate::commands::{self, Target};
@@ -114,6 +114,17 @@ pub enum Command {
     Diff(DiffArgs),
     /// Show tracked paths and their versions
     Status(StatusArgs),
+    /// Drop old checkpoints and delete the backups nothing kept needs
+    #[command(
+        long_about = "Drop old checkpoints and delete the backups nothing kept needs.\n\n\
+        Keeps the newest N checkpoints (--keep N) or those taken less than DURATION ago \
+        (--older-than DURATION); the newest checkpoint is always kept. Kept checkpoints still \
+        browse and rewind exactly as before. Deletes every store object that no kept \
+        checkpoint and no backup since refers to, and compacts the transcript (written to a \
+        temp file and renamed into place: a crash during gc loses nothing). Done by the \
+        daemon while mounted; with --state-dir and no daemon, on the state dir directly."
+    )]
+    Gc(GcArgs),
     /// Print a shell completion script
     #[command(long_about = "Print a shell completion script to stdout.\n\n\
         bash:       checkpointfs completions bash > /etc/bash_completion.d/checkpointfs\n\
@@ -266,6 +277,17 @@ pub struct RewindArgs {
 #[command(override_usage = "checkpointfs log [--json] MNT\n       \
     checkpointfs log [--json] --state-dir DIR")]
 pub struct LogArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    /// Print JSON (schema "checkpointfs.log/1", see docs/json-output.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where a history command finds its data: MNT, or `--state-dir DIR` (exactly one).
+#[derive(Debug, Args)]
+pub struct TargetArgs {
     /// The checkpointfs mount point (or give --state-dir instead)
     #[arg(
         value_name = "MNT",
@@ -274,13 +296,10 @@ pub struct LogArgs {
     )]
     pub mnt: Option<PathBuf>,
 
-    /// Read the history from this state dir directly (works while unmounted)
+    /// Use this state dir instead of MNT: through its daemon if it is mounted, else
+    /// directly (works while unmounted)
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-
-    /// Print JSON (schema "checkpointfs.log/1", see docs/json-output.md)
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -313,17 +332,8 @@ pub struct DiffArgs {
 #[command(override_usage = "checkpointfs status MNT [--path P]\n       \
     checkpointfs status --state-dir DIR [--path P]")]
 pub struct StatusArgs {
-    /// The checkpointfs mount point (or give --state-dir instead)
-    #[arg(
-        value_name = "MNT",
-        required_unless_present = "state_dir",
-        conflicts_with = "state_dir"
-    )]
-    pub mnt: Option<PathBuf>,
-
-    /// Read the history from this state dir directly (works while unmounted)
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub target: TargetArgs,
 
     /// Also say whether and why P is tracked: which exclusion rule (file and line) decides
     /// it, and whether it was backed up in the current message. P is relative to MNT (or
@@ -334,6 +344,46 @@ pub struct StatusArgs {
     /// Print JSON (schema "checkpointfs.status/1", see docs/json-output.md)
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "checkpointfs gc MNT (--keep N | --older-than DURATION) [--dry-run] [--json]\n       \
+    checkpointfs gc --state-dir DIR (--keep N | --older-than DURATION) [--dry-run] [--json]"
+)]
+#[command(group(ArgGroup::new("retention").required(true).args(["keep", "older_than"])))]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    /// Keep the newest N checkpoints, N >= 1 (0 is refused: gc always keeps the newest)
+    #[arg(long, value_name = "N", value_parser = parse_keep)]
+    pub keep: Option<usize>,
+
+    /// Drop the checkpoints taken more than DURATION ago: a whole number and a unit s, m,
+    /// h, d or w (30m, 12h, 7d, 2w). The newest checkpoint is always kept
+    #[arg(long, value_name = "DURATION", value_parser = crate::history::gc::parse_duration)]
+    pub older_than: Option<Duration>,
+
+    /// Print what gc would drop and free, change nothing
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+
+    /// Print the report as JSON (schema checkpointfs.gc/1, see docs/usage.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_keep(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err(
+            "--keep 0 would drop every checkpoint; gc always keeps at least the newest \
+             (give N >= 1)"
+                .to_string(),
+        ),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of checkpoints (N >= 1)")),
+    }
 }
 
 fn parse_threads(s: &str) -> Result<usize, String> {
@@ -433,17 +483,18 @@ where
         Command::Umount(a) => umount(&a.mnt, a.lazy, Duration::from_secs(a.timeout)),
         Command::Checkpoint(a) => commands::checkpoint(&a.mnt, &a.id),
         Command::Rewind(a) => commands::rewind(&a.mnt, &a.id, a.dry_run, &a.paths),
-        Command::Log(a) => match target(a.mnt, a.state_dir) {
+        Command::Log(a) => match target(a.target) {
             Ok(t) => commands::log(&t, a.json),
             Err(code) => code,
         },
         Command::Diff(a) => diff(a),
-        Command::Status(a) => match target(a.mnt, a.state_dir) {
+        Command::Status(a) => match target(a.target) {
             Ok(t) => commands::status(&t, a.path.as_deref(), a.json),
             Err(code) => code,
         },
         Command::Completions(a) => manuals::completions(a.shell),
         Command::Man(a) => manuals::man(a.dir.as_deref()),
+        Command::Gc(a) => gc(a),
     }
 }
 
@@ -457,8 +508,8 @@ fn usage_error(subcommand: &str, msg: &str) -> i32 {
     EXIT_USAGE
 }
 
-fn target(mnt: Option<PathBuf>, state_dir: Option<PathBuf>) -> Result<Target, i32> {
-    match (mnt, state_dir) {
+fn target(a: TargetArgs) -> Result<Target, i32> {
+    match (a.mnt, a.state_dir) {
         (Some(m), None) => Ok(Target::Mount(m)),
         (None, Some(s)) => Ok(Target::StateDir(s)),
         // clap enforces exactly one; keep a clean error rather than a panic anyway.
@@ -466,6 +517,25 @@ fn target(mnt: Option<PathBuf>, state_dir: Option<PathBuf>) -> Result<Target, i3
             eprintln!("checkpointfs: give either MNT or --state-dir DIR (exactly one)");
             Err(EXIT_USAGE)
         }
+    }
+}
+
+fn gc(a: GcArgs) -> i32 {
+    use crate::history::gc::Retention;
+    let retention = match (a.keep, a.older_than) {
+        (Some(n), None) => Retention::Keep(n),
+        (None, Some(d)) => Retention::OlderThan(d),
+        // clap's ArgGroup enforces exactly one.
+        _ => {
+            return usage_error(
+                "gc",
+                "give exactly one of --keep N and --older-than DURATION",
+            );
+        }
+    };
+    match target(a.target) {
+        Ok(t) => commands::gc(&t, retention, a.dry_run, a.json),
+        Err(code) => code,
     }
 }
 

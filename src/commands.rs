@@ -1,19 +1,21 @@
-//! The history subcommands: `checkpoint`, `rewind`, `log`, `diff`, `status`.
+//! The history subcommands: `checkpoint`, `rewind`, `log`, `diff`, `status`, `gc`.
 //!
 //! Each returns the process exit status (0 success, 1 runtime failure, 2 usage error or
 //! refusal) and prints its own one-line errors. `checkpoint` writes to the mount's ctl file;
 //! the others talk to the daemon over its control socket, or read an unmounted state dir.
 use std::fs::OpenOptions;
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::control::{self, Request};
+use crate::history::gc::{GcReport, Retention, gc_state_dir};
 use crate::history::logdiff::DiffFormat;
 use crate::history::{History, HistoryConfig, open_history_readonly};
 use crate::ids::validate_id;
+use crate::state_lock::StateLock;
 
 /// Where a read-only history command finds its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,20 +127,85 @@ fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
     }
 }
 
-/// Sends `req` to the daemon and prints its answer.
-fn ask_daemon(state_dir: &Path, req: &Request) -> i32 {
-    match control::request(state_dir, req) {
-        Ok(resp) if resp.ok => {
-            print!("{}", resp.output);
-            EXIT_OK
+/// One status line on stderr ("gc: swept 1200/5000 objects"), rewritten in place, shown only
+/// when stderr is a terminal (a log file or a pipe gets nothing); cleared when dropped.
+struct Progress {
+    tty: bool,
+    shown: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            tty: io::stderr().is_terminal(),
+            shown: false,
         }
+    }
+
+    fn show(&mut self, line: &str) {
+        if self.tty {
+            eprint!("\r\x1b[K{line}");
+            self.shown = true;
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if self.shown {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+/// Sends `req` to the daemon, showing its progress lines; its output, or the exit status
+/// after printing the error.
+fn daemon_answer(state_dir: &Path, req: &Request) -> Result<String, i32> {
+    let mut progress = Progress::new();
+    let answer = control::request_with_progress(state_dir, req, &mut |line| progress.show(line));
+    drop(progress);
+    match answer {
+        Ok(resp) if resp.ok => Ok(resp.output),
         Ok(resp) => {
             eprintln!("checkpointfs: {}", resp.error);
-            EXIT_FAILURE
+            Err(EXIT_FAILURE)
         }
         Err(e) => {
             eprintln!("checkpointfs: {e}");
-            EXIT_FAILURE
+            Err(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Sends `req` to the daemon and prints its answer.
+fn ask_daemon(state_dir: &Path, req: &Request) -> i32 {
+    match daemon_answer(state_dir, req) {
+        Ok(output) => {
+            print!("{output}");
+            EXIT_OK
+        }
+        Err(code) => code,
+    }
+}
+
+/// The state dir `target` names.
+fn state_dir_of(target: &Target) -> Result<PathBuf, i32> {
+    match target {
+        Target::Mount(mnt) => state_dir_of_mount(mnt),
+        Target::StateDir(d) => Ok(d.clone()),
+    }
+}
+
+/// The SRC recorded in an unmounted state dir; refuses a directory that is not one.
+fn source_of_state_dir(state_dir: &Path) -> Result<PathBuf, i32> {
+    match std::fs::read_to_string(state_dir.join("source")) {
+        Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
+        Err(e) => {
+            eprintln!(
+                "checkpointfs: {} is not a checkpointfs state dir (no 'source' file: {e})",
+                state_dir.display()
+            );
+            Err(EXIT_USAGE)
         }
     }
 }
@@ -150,25 +217,16 @@ fn report(
     req: Request,
     offline: impl FnOnce(&History) -> io::Result<String>,
 ) -> i32 {
-    let state_dir = match target {
-        Target::Mount(mnt) => match state_dir_of_mount(mnt) {
-            Ok(d) => d,
-            Err(code) => return code,
-        },
-        Target::StateDir(d) => d.clone(),
+    let state_dir = match state_dir_of(target) {
+        Ok(d) => d,
+        Err(code) => return code,
     };
     if control::daemon_is_serving(&state_dir) {
         return ask_daemon(&state_dir, &req);
     }
-    let source = match std::fs::read_to_string(state_dir.join("source")) {
-        Ok(s) => PathBuf::from(s.trim_end_matches('\n')),
-        Err(e) => {
-            eprintln!(
-                "checkpointfs: {} is not a checkpointfs state dir (no 'source' file: {e})",
-                state_dir.display()
-            );
-            return EXIT_USAGE;
-        }
+    let source = match source_of_state_dir(&state_dir) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     // The exclusions the last mount used, so that `status` explains paths as it did.
     let exclusions = match crate::settings::load(&state_dir) {
@@ -261,6 +319,7 @@ pub fn rewind(mnt: &Path, id: &str, dry_run: bool, paths: &[PathBuf]) -> i32 {
             id: id.to_string(),
             dry_run,
             paths: rels,
+            progress: io::stderr().is_terminal(),
         },
     )
 }
@@ -307,4 +366,173 @@ pub fn status(target: &Target, path: Option<&Path>, json: bool) -> i32 {
     report(target, req, |h| {
         h.status_report(rel.as_deref(), path_is_dir)?.render(json)
     })
+}
+
+/// `checkpointfs gc MNT | --state-dir DIR (--keep N | --older-than DURATION) [--dry-run]
+/// [--json]`: in the daemon when one serves the state dir (so its memory stays in step with
+/// the transcript), else on the state dir directly, under the state lock.
+pub fn gc(target: &Target, retention: Retention, dry_run: bool, json: bool) -> i32 {
+    let state_dir = match state_dir_of(target) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    let report = if control::daemon_is_serving(&state_dir) {
+        let (keep, older_than_secs) = match retention {
+            Retention::Keep(n) => (Some(n), None),
+            Retention::OlderThan(d) => (None, Some(d.as_secs())),
+        };
+        let req = Request::Gc {
+            keep,
+            older_than_secs,
+            dry_run,
+            progress: io::stderr().is_terminal(),
+        };
+        let output = match daemon_answer(&state_dir, &req) {
+            Ok(o) => o,
+            Err(code) => return code,
+        };
+        match serde_json::from_str::<GcReport>(&output) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("checkpointfs: bad gc report from the daemon: {e}");
+                return EXIT_FAILURE;
+            }
+        }
+    } else {
+        if let Err(code) = source_of_state_dir(&state_dir) {
+            return code;
+        }
+        let _lock = match StateLock::acquire(&state_dir) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("checkpointfs: {e}");
+                return EXIT_FAILURE;
+            }
+        };
+        let mut progress = Progress::new();
+        let done = gc_state_dir(&state_dir, retention, dry_run, &mut |done, total| {
+            progress.show(&format!("gc: swept {done}/{total} objects"));
+        });
+        drop(progress);
+        match done {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("checkpointfs: gc of {} failed: {e}", state_dir.display());
+                return EXIT_FAILURE;
+            }
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("checkpointfs: {e}");
+                return EXIT_FAILURE;
+            }
+        }
+    } else {
+        print!("{}", gc_summary(&report));
+    }
+    EXIT_OK
+}
+
+/// `msg-1`, `msg-1, msg-2`, or `msg-1 … msg-40`.
+fn id_range(ids: &[String]) -> String {
+    match ids {
+        [] => String::new(),
+        [one] => one.clone(),
+        [a, b] => format!("{a}, {b}"),
+        [first, .., last] => format!("{first} … {last}"),
+    }
+}
+
+/// `4.2 MiB`: bytes in binary units, one decimal from KiB on.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+fn plural(n: usize, word: &str) -> String {
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
+/// The human summary of a gc: what was dropped, removed and freed, and what is kept.
+pub fn gc_summary(r: &GcReport) -> String {
+    let listed = |ids: &[String]| {
+        if ids.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", id_range(ids))
+        }
+    };
+    let (drop, remove, free, keep) = if r.dry_run {
+        ("would drop", "would remove", "would free", "would keep")
+    } else {
+        ("dropped", "removed", "freed", "kept")
+    };
+    let mut out = format!(
+        "{drop} {}{}, {remove} {}, {free} {}; {keep} {}{}\n",
+        plural(r.dropped.len(), "checkpoint"),
+        listed(&r.dropped),
+        plural(r.objects_removed, "object"),
+        human_bytes(r.bytes_freed),
+        plural(r.kept.len(), "checkpoint"),
+        listed(&r.kept),
+    );
+    if r.dry_run {
+        out.push_str("dry run: nothing was changed\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(dropped: usize, kept: usize, dry_run: bool) -> GcReport {
+        let ids = |from: usize, n: usize| (from..from + n).map(|i| format!("msg-{i}")).collect();
+        GcReport {
+            schema: crate::history::gc::GC_SCHEMA.to_string(),
+            dry_run,
+            dropped: ids(1, dropped),
+            kept: ids(dropped + 1, kept),
+            objects_removed: 123,
+            bytes_freed: 4_404_019,
+            objects_kept: 7,
+            bytes_kept: 100,
+            transcript_bytes_before: 1000,
+            transcript_bytes_after: 100,
+        }
+    }
+
+    #[test]
+    fn gc_summary_names_what_was_dropped_freed_and_kept() {
+        assert_eq!(
+            gc_summary(&report(40, 10, false)),
+            "dropped 40 checkpoints (msg-1 … msg-40), removed 123 objects, freed 4.2 MiB; \
+             kept 10 checkpoints (msg-41 … msg-50)\n"
+        );
+        assert_eq!(
+            gc_summary(&report(0, 1, true)),
+            "would drop 0 checkpoints, would remove 123 objects, would free 4.2 MiB; \
+             would keep 1 checkpoint (msg-1)\ndry run: nothing was changed\n"
+        );
+    }
+
+    #[test]
+    fn human_bytes_uses_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
 }

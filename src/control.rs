@@ -2,13 +2,22 @@
 //! take a checkpoint, flush its transcript or rewind.
 //!
 //! Protocol: one JSON request per connection, one JSON response, then the connection closes.
+//! A request that asked for progress (`"progress": true`: gc, rewind) may first get lines
+//! `{"progress":"..."}`, each a complete status to show in place of the previous one.
 //! Only root and the mount's owner may connect (the socket is mode 0600 in a 0700 dir).
+//!
+//! The server's *maintenance lock* (a read-write lock) keeps gc apart from the requests that
+//! read the history as a whole: rewind, log, diff and status hold it shared, gc exclusively,
+//! so a gc never deletes an object a rewind is about to restore nor compacts the transcript
+//! under a log reading it. Checkpoint and flush do not take it.
+//! Lock order: maintenance → the gate's epoch lock → `History::state` (see `history`).
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use serde::{Deserialize, Serialize};
@@ -30,6 +39,18 @@ pub enum Request {
         id: String,
         dry_run: bool,
         paths: Vec<String>,
+        /// Stream progress lines (the CLI asks when its stderr is a terminal).
+        #[serde(default)]
+        progress: bool,
+    },
+    /// `checkpointfs gc`: exactly one of `keep` and `older_than_secs`. The response's
+    /// `output` is the [`GcReport`](crate::history::gc::GcReport) as JSON.
+    Gc {
+        keep: Option<usize>,
+        older_than_secs: Option<u64>,
+        dry_run: bool,
+        #[serde(default)]
+        progress: bool,
     },
     Log {
         #[serde(default)]
@@ -64,6 +85,9 @@ pub struct Response {
     /// The errno behind `error`, when there is one.
     #[serde(default)]
     pub errno: Option<i32>,
+    /// Set only on progress lines, which come before the response proper.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
 }
 
 impl Response {
@@ -114,6 +138,7 @@ pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<Co
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     let stopping = Arc::new(AtomicBool::new(false));
     let stop = stopping.clone();
+    let maintenance = Arc::new(RwLock::new(()));
     let thread = std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -126,10 +151,11 @@ pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<Co
                         // Rewinds take a while and do their work through the mount; serve
                         // each connection on its own thread so a slow one blocks nothing.
                         let fs = fs.clone();
+                        let maintenance = maintenance.clone();
                         let spawned = std::thread::Builder::new()
                             .name("control-conn".into())
                             .spawn(move || {
-                                if let Err(e) = serve_connection(&fs, stream) {
+                                if let Err(e) = serve_connection(&fs, &maintenance, stream) {
                                     debug!("control connection: {e}");
                                 }
                             });
@@ -148,12 +174,45 @@ pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<Co
     })
 }
 
-fn serve_connection(fs: &PassthroughFs, stream: UnixStream) -> io::Result<()> {
+/// How often progress lines are sent at most.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
+
+fn serve_connection(
+    fs: &PassthroughFs,
+    maintenance: &RwLock<()>,
+    stream: UnixStream,
+) -> io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
+    let mut last_sent: Option<Instant> = None;
+    // A client that went away only loses its progress lines; the work goes on.
+    let mut send_progress = |text: String, last: bool| {
+        if !last && last_sent.is_some_and(|t| t.elapsed() < PROGRESS_INTERVAL) {
+            return;
+        }
+        last_sent = Some(Instant::now());
+        let line = Response {
+            progress: Some(text),
+            ..Default::default()
+        };
+        if let Ok(mut out) = serde_json::to_vec(&line) {
+            out.push(b'\n');
+            let _ = (&stream).write_all(&out);
+        }
+    };
     let response = match serde_json::from_str::<Request>(&line) {
-        Ok(req) => handle(fs, req),
+        Ok(req) => match req {
+            Request::Checkpoint { .. } | Request::Flush => handle(fs, req, &mut send_progress),
+            Request::Gc { .. } => {
+                let _alone = maintenance.write().unwrap_or_else(|p| p.into_inner());
+                handle(fs, req, &mut send_progress)
+            }
+            _ => {
+                let _shared = maintenance.read().unwrap_or_else(|p| p.into_inner());
+                handle(fs, req, &mut send_progress)
+            }
+        },
         Err(e) => Response {
             ok: false,
             error: format!("bad control request: {e}"),
@@ -165,16 +224,41 @@ fn serve_connection(fs: &PassthroughFs, stream: UnixStream) -> io::Result<()> {
     (&stream).write_all(&out)
 }
 
-fn handle(fs: &PassthroughFs, req: Request) -> Response {
+/// `progress(text, last)` streams a progress line to the client, if it asked for them.
+fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, bool)) -> Response {
     let result = match req {
         Request::Checkpoint { id } => match crate::ids::validate_id(id.as_bytes()) {
             Err(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
             Ok(id) => fs.checkpoint(id).map(|()| format!("checkpoint {id}\n")),
         },
         Request::Flush => fs.history().flush().map(|()| String::new()),
-        Request::Rewind { id, dry_run, paths } => {
-            crate::history::rewind::rewind(fs, &id, dry_run, &paths)
+        Request::Rewind {
+            id,
+            dry_run,
+            paths,
+            progress: wanted,
+        } => {
+            let mut step = |done: usize, total: usize| {
+                if wanted {
+                    progress(format!("rewind: {done}/{total} paths"), done == total);
+                }
+            };
+            crate::history::rewind::rewind(fs, &id, dry_run, &paths, &mut step)
         }
+        Request::Gc {
+            keep,
+            older_than_secs,
+            dry_run,
+            progress: wanted,
+        } => gc_request(keep, older_than_secs).and_then(|retention| {
+            let mut step = |done: usize, total: usize| {
+                if wanted {
+                    progress(format!("gc: swept {done}/{total} objects"), done == total);
+                }
+            };
+            let report = fs.gc(retention, dry_run, &mut step)?;
+            Ok(serde_json::to_string(&report)?)
+        }),
         // Reports read the transcript: make it complete first.
         Request::Log { json } => fs
             .history()
@@ -207,6 +291,22 @@ fn handle(fs: &PassthroughFs, req: Request) -> Response {
     }
 }
 
+/// The retention a gc request asks for: exactly one of its two fields.
+fn gc_request(
+    keep: Option<usize>,
+    older_than_secs: Option<u64>,
+) -> io::Result<crate::history::gc::Retention> {
+    use crate::history::gc::Retention;
+    match (keep, older_than_secs) {
+        (Some(n), None) if n >= 1 => Ok(Retention::Keep(n)),
+        (None, Some(secs)) if secs >= 1 => Ok(Retention::OlderThan(Duration::from_secs(secs))),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "gc needs exactly one of --keep N (N >= 1) and --older-than DURATION",
+        )),
+    }
+}
+
 /// Whether a daemon is listening on the state dir's control socket.
 pub fn daemon_is_serving(state_dir: &Path) -> bool {
     UnixStream::connect(state_dir.join(SOCKET_NAME)).is_ok()
@@ -214,6 +314,15 @@ pub fn daemon_is_serving(state_dir: &Path) -> bool {
 
 /// Sends one request to the daemon whose state dir is `state_dir`.
 pub fn request(state_dir: &Path, req: &Request) -> io::Result<Response> {
+    request_with_progress(state_dir, req, &mut |_| {})
+}
+
+/// Like [`request`]; progress lines that come before the response go to `on_progress`.
+pub fn request_with_progress(
+    state_dir: &Path,
+    req: &Request,
+    on_progress: &mut dyn FnMut(&str),
+) -> io::Result<Response> {
     let path = state_dir.join(SOCKET_NAME);
     let stream = UnixStream::connect(&path).map_err(|e| {
         io::Error::new(
@@ -227,12 +336,19 @@ pub fn request(state_dir: &Path, req: &Request) -> io::Result<Response> {
     let mut msg = serde_json::to_vec(req)?;
     msg.push(b'\n');
     (&stream).write_all(&msg)?;
-    let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
-    serde_json::from_str(&line).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad response from the daemon: {e}"),
-        )
-    })
+    let mut reader = BufReader::new(&stream);
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let response: Response = serde_json::from_str(&line).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad response from the daemon: {e}"),
+            )
+        })?;
+        match &response.progress {
+            Some(text) => on_progress(text),
+            None => return Ok(response),
+        }
+    }
 }

@@ -34,6 +34,8 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // Signals go to one thread that turns them into an unmount; block them everywhere else
     // (the mask is inherited by every thread spawned from here on).
     let signals = block_termination_signals()?;
+    // Held until this function returns: no gc of the state dir, or second daemon, meanwhile.
+    let _state_lock = crate::state_lock::StateLock::acquire(&cfg.state_dir)?;
     // The kernel has applied the caller's umask to every mode it sends; ours must not be
     // applied a second time.
     // SAFETY: umask has no preconditions.

@@ -21,4 +21,5 @@ pub mod history;
 pub mod ids;
 pub mod manuals;
 pub mod settings;
+pub mod state_lock;
 pub mod transcript;

@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::time::UNIX_EPOCH;
 
-use common::{TestMount, cli, run, stderr, stdout};
+use common::{TestMount, cli, cli_ok as ok, run, stderr, stdout};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -21,18 +21,6 @@ fn sha256_hex(data: &[u8]) -> String {
 fn sh(m: &TestMount, script: &str) {
     let out = run("sh", &["-c", &format!("umask 022 && {script}")], &m.mnt);
     assert!(out.status.success(), "sh -c {script:?}: {}", stderr(&out));
-}
-
-/// `checkpointfs ARGS...`, asserting success; its stdout.
-fn ok(args: &[&str]) -> String {
-    let out = cli(args);
-    assert!(
-        out.status.success(),
-        "checkpointfs {args:?} failed ({}): {}",
-        out.status,
-        stderr(&out)
-    );
-    stdout(&out)
 }
 
 fn json(args: &[&str]) -> Value {

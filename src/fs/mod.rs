@@ -997,6 +997,19 @@ impl PassthroughFs {
         info!("checkpoint {id}");
         Ok(())
     }
+
+    /// Runs gc with every mutation and checkpoint excluded, as `History::gc` requires.
+    /// Mutations wait until it is done (it only rewrites the transcript and unlinks
+    /// objects, so that is short).
+    pub fn gc(
+        &self,
+        retention: crate::history::gc::Retention,
+        dry_run: bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> io::Result<crate::history::gc::GcReport> {
+        self.gate
+            .exclusive(|| self.history().gc(retention, dry_run, progress))
+    }
 }
 
 pub fn attr_from_stat(ino: u64, st: &libc::stat) -> FileAttr {

@@ -141,6 +141,10 @@ pub struct LogCheckpoint {
     pub files_changed: usize,
     /// Since the previous checkpoint (the first: since the mount).
     pub changes: Vec<LogChange>,
+    /// Only on the oldest kept checkpoint after `gc` dropped older ones: what changed before
+    /// it is no longer known, so `changes` is empty.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_dropped: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -197,14 +201,24 @@ impl History {
         let checkpoints = self.checkpoints();
         let actors = self.actors_by_epoch()?;
         let mut out = Vec::with_capacity(checkpoints.len());
+        // `i` counts epochs as the transcript does (gc compacts it, so it starts at the
+        // oldest kept checkpoint); `k` is the checkpoint's index in memory.
+        let (first_kept, history_dropped) = self.first_kept();
         let mut prev = Point::Origin;
-        for (k, c) in checkpoints.iter().enumerate() {
-            let changes = self.log_changes(prev, Point::Checkpoint(k), k, &actors)?;
+        for (i, c) in checkpoints.iter().enumerate() {
+            let k = first_kept + i;
+            let earlier_dropped = i == 0 && history_dropped;
+            let changes = if earlier_dropped {
+                Vec::new()
+            } else {
+                self.log_changes(prev, Point::Checkpoint(k), i, &actors)?
+            };
             out.push(LogCheckpoint {
                 id: c.id.clone(),
                 time: Timestamp::of(c.time),
                 files_changed: changes.len(),
                 changes,
+                earlier_dropped,
             });
             prev = Point::Checkpoint(k);
         }
@@ -274,7 +288,11 @@ fn render_log(report: &LogReport) -> String {
     }
     for c in &report.checkpoints {
         let _ = writeln!(out, "{}  {}", c.id, c.time.time);
-        render_log_changes(&mut out, &c.changes);
+        if c.earlier_dropped {
+            out.push_str("    (earlier checkpoints were dropped by gc)\n");
+        } else {
+            render_log_changes(&mut out, &c.changes);
+        }
     }
     let pending = &report.uncheckpointed;
     if !pending.changes.is_empty() {
@@ -361,12 +379,13 @@ fn is_text(b: &[u8]) -> bool {
 impl History {
     fn diff_point(&self, p: Point) -> DiffPoint {
         match p {
-            Point::Checkpoint(k) => match self.checkpoints().get(k) {
+            Point::Checkpoint(k) => match self.checkpoint_at(k) {
                 Some(c) => DiffPoint::Checkpoint {
                     id: c.id.clone(),
                     time: Timestamp::of(c.time),
                 },
-                // Checkpoints are never removed, so an index once found stays valid.
+                // Indices are never reused while mounted (gc leaves placeholders), and a
+                // report holds the maintenance lock, so an index once found stays valid.
                 None => DiffPoint::Live,
             },
             Point::Origin | Point::Now => DiffPoint::Live,

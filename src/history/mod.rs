@@ -31,10 +31,16 @@
 //! change proceeds too, so they survive a crash of the daemon; they reach the disk with the
 //! next content backup, checkpoint or clean unmount (see docs/design.md).
 //!
-//! Lock order: `History::state` → (store, journal, transcript: leaf locks). Nothing holds
-//! `state` while copying file data: a path being copied is marked busy instead, and other
-//! threads wanting that path wait on `busy_cond`.
+//! Lock order: control maintenance lock (gc exclusive; rewind and reports shared) → the
+//! gate's epoch lock (exclusive for checkpoints and gc) → `History::state` → (store,
+//! journal, transcript: leaf locks). Nothing holds `state` while copying file data: a path
+//! being copied is marked busy instead, and other threads wanting that path wait on
+//! `busy_cond`. One exception waits on the transcript writer while holding `state`: gc's
+//! flush and rewrite. That is safe because gc holds the epoch lock exclusively, so no
+//! checkpoint can queue a deferred record (the only writer work that takes `state`), and it
+//! flushes the ones already queued before it takes `state` (see `gc`).
 pub mod exclusions;
+pub mod gc;
 pub mod logdiff;
 pub mod report;
 pub mod rewind;
@@ -143,14 +149,28 @@ pub(crate) struct State {
     pub paths: HashMap<String, PathHistory>,
     /// parent path → names of its tracked children, for views of directories.
     pub children: HashMap<String, BTreeSet<String>>,
+    /// Every checkpoint this daemon has known, by index; those before `first_kept` were
+    /// dropped by gc. Indices are never reused or shifted while mounted: views, rewinds and
+    /// versions (`Version::since`) refer to checkpoints by index.
     pub checkpoints: Vec<Checkpoint>,
+    /// The ids of the kept checkpoints (`first_kept..`) → index.
     pub checkpoint_ids: HashMap<String, usize>,
+    /// Index of the oldest checkpoint not dropped by gc (0 until a gc in this daemon).
+    pub first_kept: usize,
+    /// gc dropped older checkpoints at some point (a `gcBase` record was replayed, or a gc
+    /// ran): the state before the oldest kept checkpoint is unknown.
+    pub history_dropped: bool,
     pub next_seq: u64,
     /// Paths whose content is being copied right now (by the gate or the copier).
     pub busy: HashSet<String>,
 }
 
 impl State {
+    /// The checkpoints that were not dropped by gc, oldest first.
+    pub fn kept(&self) -> &[Checkpoint] {
+        &self.checkpoints[self.first_kept.min(self.checkpoints.len())..]
+    }
+
     fn current_message(&self) -> Option<String> {
         self.checkpoints.last().map(|c| c.id.clone())
     }
@@ -263,19 +283,31 @@ impl History {
     }
 
     pub fn checkpoint_ids(&self) -> Vec<String> {
-        self.lock()
-            .checkpoints
-            .iter()
-            .map(|c| c.id.clone())
-            .collect()
+        self.lock().kept().iter().map(|c| c.id.clone()).collect()
     }
 
     pub fn checkpoint_index(&self, id: &str) -> Option<usize> {
         self.lock().checkpoint_ids.get(id).copied()
     }
 
+    /// The kept checkpoints, oldest first (see [`History::first_kept`] for their indices).
     pub fn checkpoints(&self) -> Vec<Checkpoint> {
-        self.lock().checkpoints.clone()
+        self.lock().kept().to_vec()
+    }
+
+    /// The kept checkpoint with index `k`, if any.
+    pub fn checkpoint_at(&self, k: usize) -> Option<Checkpoint> {
+        let st = self.lock();
+        if k < st.first_kept {
+            return None;
+        }
+        st.checkpoints.get(k).cloned()
+    }
+
+    /// The index of the oldest kept checkpoint, and whether gc dropped older ones.
+    pub fn first_kept(&self) -> (usize, bool) {
+        let st = self.lock();
+        (st.first_kept, st.history_dropped)
     }
 
     /// Blocks until the transcript holds everything recorded so far.

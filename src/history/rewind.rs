@@ -191,8 +191,14 @@ impl History {
 }
 
 /// Rewinds the mounted tree to checkpoint `id` (only `paths` when given). Returns the
-/// report the CLI prints.
-pub fn rewind(fs: &PassthroughFs, id: &str, dry_run: bool, paths: &[String]) -> io::Result<String> {
+/// report the CLI prints; `progress(done, total)` follows the changes as they are made.
+pub fn rewind(
+    fs: &PassthroughFs,
+    id: &str,
+    dry_run: bool,
+    paths: &[String],
+    progress: &mut dyn FnMut(usize, usize),
+) -> io::Result<String> {
     let history = fs.history();
     let k = history.checkpoint_index(id).ok_or_else(|| {
         io::Error::new(
@@ -229,7 +235,7 @@ pub fn rewind(fs: &PassthroughFs, id: &str, dry_run: bool, paths: &[String]) -> 
     fs.checkpoint(&saved)?;
     out.push_str(&format!("saved current state as {saved}\n"));
     let root = open_mount_root(history)?;
-    apply(history, &root, &steps)?;
+    apply(history, &root, &steps, progress)?;
     history.flush()?;
     info!("rewound to {id}: {} changes", steps.len());
     out.push_str(&format!(
@@ -281,7 +287,18 @@ fn cvt(rc: i32) -> io::Result<()> {
     }
 }
 
-fn apply(history: &History, root: &OwnedFd, steps: &[Step]) -> io::Result<()> {
+fn apply(
+    history: &History,
+    root: &OwnedFd,
+    steps: &[Step],
+    progress: &mut dyn FnMut(usize, usize),
+) -> io::Result<()> {
+    let total = steps.len();
+    let mut done = 0;
+    let mut step_done = || {
+        done += 1;
+        progress(done, total);
+    };
     // Removals deepest first, so directories are empty when their turn comes.
     let mut removals: Vec<&Step> = steps
         .iter()
@@ -292,6 +309,7 @@ fn apply(history: &History, root: &OwnedFd, steps: &[Step]) -> io::Result<()> {
         if let Step::Remove { path, kind } = s {
             remove(root, path, *kind)?;
         }
+        step_done();
     }
     // Creations and rewrites shallowest first, so parents exist.
     let mut writes: Vec<&Step> = steps
@@ -325,6 +343,7 @@ fn apply(history: &History, root: &OwnedFd, steps: &[Step]) -> io::Result<()> {
             }
             Step::Remove { .. } => {}
         }
+        step_done();
     }
     // Directory modes and times last, deepest first: filling a directory changes its mtime,
     // and a read-only mode set early would stop the filling.

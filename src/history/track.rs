@@ -130,6 +130,8 @@ fn assemble(
 /// journal, then starts recording.
 pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let source_fd = open_source(&cfg.source)?;
+    // The daemon holds the state lock, so no gc is writing one of these right now.
+    super::gc::remove_stale_rewrites(&cfg.state_dir)?;
     let store = Store::open(&cfg.state_dir.join("backups"))?;
     let transcript_path = cfg.state_dir.join("transcript.jsonl");
     let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
@@ -212,6 +214,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
         return;
     }
     state.next_seq = state.next_seq.max(r.seq + 1);
+    state.history_dropped |= r.gc_base;
     if !r.is_snapshot_update {
         let Some(id) = r.message_id.clone() else {
             return;
@@ -295,7 +298,12 @@ fn state_of(b: &TrackedFileBackup) -> VersionState {
     }
 }
 
-fn backup_of(version: u32, v: &Version, actor: Option<Actor>, fill: bool) -> TrackedFileBackup {
+pub(crate) fn backup_of(
+    version: u32,
+    v: &Version,
+    actor: Option<Actor>,
+    fill: bool,
+) -> TrackedFileBackup {
     let (name, meta, pending) = match &v.state {
         VersionState::Pending => (None, None, true),
         VersionState::Absent => (None, None, false),
@@ -549,6 +557,7 @@ impl History {
             },
             is_snapshot_update: true,
             seq: st.next_seq,
+            gc_base: false,
         };
         st.next_seq += 1;
         // The journal is what makes the record survive a daemon crash; if it cannot be
@@ -699,6 +708,7 @@ impl History {
             },
             is_snapshot_update: false,
             seq,
+            gc_base: false,
         };
         let rec = self.recorder()?;
         // The journal gets only the new versions (replay needs nothing else), before the
@@ -734,6 +744,7 @@ impl History {
                 },
                 is_snapshot_update: false,
                 seq,
+                gc_base: false,
             };
             Some(r)
         }));

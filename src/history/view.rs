@@ -50,6 +50,10 @@ impl History {
         }
         loop {
             let st = self.lock();
+            if at.is_some_and(|k| k < st.first_kept) {
+                // A view of a checkpoint gc dropped (the kernel may still cache its inode).
+                return Err(errno(libc::ENOENT));
+            }
             let Some(h) = st.paths.get(rel) else {
                 drop(st);
                 return self.live_entry(rel);
@@ -102,12 +106,16 @@ impl History {
     pub fn view_list(&self, k: usize, rel: &[u8]) -> io::Result<Vec<(Vec<u8>, EntryKind)>> {
         let rel_s = super::rel_key(rel).ok_or_else(|| errno(libc::ENOENT))?;
         let mut out: BTreeMap<Vec<u8>, EntryKind> = BTreeMap::new();
-        let tracked: Vec<String> = self
-            .lock()
-            .children
-            .get(rel_s)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
+        let tracked: Vec<String> = {
+            let st = self.lock();
+            if k < st.first_kept {
+                return Err(errno(libc::ENOENT));
+            }
+            st.children
+                .get(rel_s)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default()
+        };
         // Untracked entries are unchanged since the mount, so they exist at every checkpoint.
         if let Ok(fd) = self.open_beneath(rel_s) {
             let dir_st = sys::fstat(fd.as_fd())?;

@@ -24,6 +24,11 @@ pub struct Record {
     pub is_snapshot_update: bool,
     /// Extra: strictly increasing per state dir; replay uses it to merge the store journal.
     pub seq: u64,
+    /// Extra: written by `checkpointfs gc`. This Layer 1 record, the first of a compacted
+    /// transcript, gives every path tracked by the oldest kept checkpoint its state there,
+    /// as version 1; the checkpoints before it were dropped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gc_base: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -159,6 +164,7 @@ impl Record {
             },
             is_snapshot_update,
             seq,
+            gc_base: false,
         }
     }
 

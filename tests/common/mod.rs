@@ -356,6 +356,18 @@ pub fn cli_in<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Output {
     run(BIN, args, cwd)
 }
 
+/// `checkpointfs ARGS...` (cwd `/`), asserting success; its stdout.
+pub fn cli_ok(args: &[&str]) -> String {
+    let out = cli(args);
+    assert!(
+        out.status.success(),
+        "checkpointfs {args:?} failed ({}): {}",
+        out.status,
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

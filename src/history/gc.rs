@@ -1,0 +1,882 @@
+//! Retention: `checkpointfs gc` drops the oldest checkpoints, compacts the transcript and
+//! deletes every store object nothing kept refers to any more.
+//!
+//! # What must survive (the reachability invariant)
+//! gc keeps the newest checkpoints (`--keep N`, or those not older than `--older-than`; the
+//! newest checkpoint is always kept). Let `F` be the oldest kept checkpoint. Everything the
+//! kept part of the history can still be asked for must stay:
+//! - **views and rewinds of kept checkpoints**: the state of a path at a kept checkpoint `k`
+//!   is its last version made at or before `k`. For `k = F` that version may have been made
+//!   under a *dropped* checkpoint (a file untouched since), or be the path's pre-image. So for
+//!   every path tracked at `F`, its version at `F` becomes its new version 1 (the *base*, one
+//!   `gcBase` record at the head of the compacted transcript), and every record from `F`'s
+//!   own checkpoint record on is kept as it was (versions renumbered to follow the base).
+//! - **the live state and the undo of a rewind**: Layer 1 records since the newest
+//!   checkpoint (what changed since, and the pre-images), pending versions and their fills
+//!   all come after `F`, so they are kept. Undoing a rewind is rewinding to its
+//!   `<M>:before-rewind` checkpoint: a checkpoint like any other, kept by the same rule. A
+//!   later rewind saves the current state as a new checkpoint, which needs only the live tree.
+//! - Versions made before `F` that are not a base, and the records of the dropped
+//!   checkpoints, are gone: nothing kept can reach them.
+//!
+//! The store objects to keep are exactly the ones the compacted transcript names; every
+//! other object in the store is deleted, also orphans left by an earlier gc that crashed
+//! between its rename and its sweep.
+//!
+//! # Crash order
+//! 1. the compacted transcript is written to a temp file, fsync'd, renamed over
+//!    `transcript.jsonl`, and the directory fsync'd ([`TranscriptWriter::rewrite`],
+//!    [`rewrite_atomically`]);
+//! 2. only then are unreferenced objects deleted.
+//!
+//! A crash before the rename leaves the old transcript (and a stray temp, removed at the next
+//! mount); a crash after it leaves the new transcript plus orphan objects, which the next gc
+//! sweeps. The base record keeps the `seq` numbering increasing and ends at the old last
+//! `seq`, so the store journal's records are still covered (ignored at replay).
+//!
+//! # Locks
+//! In the daemon, gc runs with the gate's epoch lock held exclusively (no mutation, so no
+//! Layer 1 capture, and no checkpoint) and with the control server's maintenance lock (no
+//! rewind, log or diff meanwhile), then takes `History::state` for the rest: from the moment
+//! no fill is in flight (`busy` empty) until the sweep is done, nothing can put an object into
+//! the store, so a put can never "reuse" an object the sweep is deleting.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use log::{info, warn};
+use serde::{Deserialize, Serialize};
+
+use super::store::Store;
+use super::track::{apply_record, backup_of};
+use super::{Checkpoint, History, State};
+use crate::transcript::journal::{JOURNAL_FILE_NAME, Journal};
+use crate::transcript::record::{FILE_HISTORY_SNAPSHOT, Record};
+use crate::transcript::replay::{ReplayError, read_transcript};
+use crate::transcript::writer::rewrite_atomically;
+
+#[cfg(doc)]
+use crate::transcript::writer::TranscriptWriter;
+
+/// The schema name of `checkpointfs gc --json` output.
+pub const GC_SCHEMA: &str = "checkpointfs.gc/1";
+
+/// Environment variable naming a failpoint for the crash tests (see [`failpoint`]).
+pub const FAILPOINT_ENV: &str = "CHECKPOINTFS_FAILPOINT";
+
+/// The transcript's file name in the state dir.
+const TRANSCRIPT_FILE: &str = "transcript.jsonl";
+
+/// Which checkpoints to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Retention {
+    /// The newest N (N >= 1).
+    Keep(usize),
+    /// Those taken less than this long ago (and always the newest).
+    OlderThan(Duration),
+}
+
+/// What a gc did (or, with `dry_run`, would do). Serialized as `checkpointfs gc --json`
+/// (snake_case field names, like the other JSON reports; docs/json-output.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    pub schema: String,
+    pub dry_run: bool,
+    /// Ids of the dropped checkpoints, oldest first.
+    pub dropped: Vec<String>,
+    /// Ids of the kept checkpoints, oldest first.
+    pub kept: Vec<String>,
+    /// Store objects deleted (all unreferenced ones, including orphans of an earlier gc).
+    pub objects_removed: usize,
+    pub bytes_freed: u64,
+    /// Store objects left, and their bytes.
+    pub objects_kept: usize,
+    pub bytes_kept: u64,
+    pub transcript_bytes_before: u64,
+    pub transcript_bytes_after: u64,
+}
+
+/// The checkpoints to drop and the transcript that results (pure; see [`plan`]).
+#[derive(Debug)]
+pub struct Plan {
+    /// How many of the oldest checkpoints are dropped.
+    pub drop: usize,
+    pub dropped: Vec<String>,
+    pub kept: Vec<String>,
+    /// The compacted transcript (the input itself when nothing is dropped).
+    pub records: Vec<Record>,
+}
+
+/// A parsed `--older-than` DURATION: a whole number and a unit, `s`, `m`, `h`, `d` or `w`
+/// (`30m`, `12h`, `7d`, `2w`). Zero, negative, fractional or unit-less values are refused.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = |why: &str| {
+        format!(
+            "invalid duration '{s}': {why} (expected a whole number and a unit s, m, h, d or w, \
+             e.g. 30m, 12h, 7d, 2w)"
+        )
+    };
+    let s_trim = s.trim();
+    if s_trim.is_empty() {
+        return Err(bad("empty"));
+    }
+    let split = s_trim
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| bad("no unit"))?;
+    let (digits, unit) = s_trim.split_at(split);
+    if digits.is_empty() {
+        return Err(bad("it must start with a number"));
+    }
+    let n: u64 = digits.parse().map_err(|_| bad("number too large"))?;
+    let unit_secs: u64 = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(bad(&format!("unknown unit '{unit}'"))),
+    };
+    if n == 0 {
+        return Err(bad("it must be greater than zero"));
+    }
+    n.checked_mul(unit_secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| bad("too large"))
+}
+
+/// How many of the oldest `checkpoints` `retention` drops at time `now`. Never all of them:
+/// the newest checkpoint stays (it is what the next checkpoint's changes are relative to).
+/// Only a prefix is dropped, so with `OlderThan` a checkpoint older than the cutoff that
+/// follows a newer one (a clock step) is kept.
+pub fn checkpoints_to_drop(
+    checkpoints: &[Checkpoint],
+    retention: Retention,
+    now: SystemTime,
+) -> usize {
+    let droppable = checkpoints.len().saturating_sub(1);
+    match retention {
+        Retention::Keep(keep) => checkpoints.len().saturating_sub(keep.max(1)),
+        Retention::OlderThan(age) => {
+            let cutoff = now.checked_sub(age).unwrap_or(UNIX_EPOCH);
+            checkpoints
+                .iter()
+                .take(droppable)
+                .take_while(|c| c.time < cutoff)
+                .count()
+        }
+    }
+}
+
+/// Replays `records` into a fresh state, as a mount would; also returns the position in
+/// `records` of each checkpoint record that replay accepted, in checkpoint order.
+fn replay(records: &[Record]) -> (State, Vec<usize>) {
+    let mut state = State::default();
+    let mut positions = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        let before = state.checkpoints.len();
+        apply_record(&mut state, r);
+        if state.checkpoints.len() > before {
+            positions.push(i);
+        }
+    }
+    (state, positions)
+}
+
+/// The transcript without its `drop` oldest checkpoints: a `gcBase` record giving every path
+/// tracked at the oldest kept checkpoint `F` its state there as version 1, then every record
+/// from `F`'s checkpoint record on, with versions renumbered to follow the base. `state` and
+/// `positions` are [`replay`] of `records`; `drop` must be less than the number of
+/// checkpoints.
+fn compact(
+    records: &[Record],
+    state: &State,
+    positions: &[usize],
+    drop: usize,
+) -> io::Result<Vec<Record>> {
+    let Some(&first_kept_pos) = positions.get(drop) else {
+        return Err(io::Error::other(format!(
+            "gc: cannot drop {drop} of {} checkpoints",
+            positions.len()
+        )));
+    };
+    if drop == 0 {
+        return Ok(records.to_vec());
+    }
+    let first = &records[first_kept_pos];
+    let mut base = BTreeMap::new();
+    // Versions before the base are gone: path → how many.
+    let mut removed_versions: HashMap<&str, u32> = HashMap::new();
+    for (path, h) in &state.paths {
+        if h.first_epoch > drop || h.versions.is_empty() {
+            // First tracked after F: its own records, all kept, say everything.
+            continue;
+        }
+        let n = h.version_at(drop);
+        // `fill`: the base is not a change, it must not mark the path changed.
+        base.insert(path.clone(), backup_of(1, &h.versions[n - 1], None, true));
+        removed_versions.insert(path.as_str(), n as u32 - 1);
+    }
+    // `first.seq - 1` belonged to a dropped record (there is at least one: checkpoint 0), so
+    // seqs stay strictly increasing and the compacted file still ends at the old last seq.
+    let mut base_record =
+        Record::snapshot_update(None, first.seq - 1, first.snapshot.timestamp.clone(), base);
+    base_record.gc_base = true;
+    let accepted: HashSet<usize> = positions.iter().copied().collect();
+    let mut out = Vec::with_capacity(records.len() - first_kept_pos + 1);
+    out.push(base_record);
+    for (i, r) in records.iter().enumerate().skip(first_kept_pos) {
+        // A checkpoint record replay ignored (a repeated id) could be taken for a new
+        // checkpoint once the first one with that id is dropped: leave it out.
+        if r.record_type == FILE_HISTORY_SNAPSHOT && r.is_checkpoint() && !accepted.contains(&i) {
+            continue;
+        }
+        let mut r = r.clone();
+        for (path, b) in r.snapshot.tracked_file_backups.iter_mut() {
+            let Some(&removed) = removed_versions.get(path.as_str()) else {
+                continue;
+            };
+            if b.version <= removed {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "gc: transcript record seq {} refers to version {} of {path}, older than \
+                         its version at the oldest kept checkpoint; the transcript is \
+                         inconsistent, nothing was changed",
+                        r.seq, b.version
+                    ),
+                ));
+            }
+            b.version -= removed;
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Decides what gc does with the history in `records` (a whole transcript, in order).
+pub fn plan(records: Vec<Record>, retention: Retention, now: SystemTime) -> io::Result<Plan> {
+    let (state, positions) = replay(&records);
+    let drop = checkpoints_to_drop(&state.checkpoints, retention, now);
+    let ids = |cs: &[Checkpoint]| cs.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
+    let dropped = ids(&state.checkpoints[..drop]);
+    let kept = ids(&state.checkpoints[drop..]);
+    let records = if drop == 0 {
+        records
+    } else {
+        compact(&records, &state, &positions, drop)?
+    };
+    Ok(Plan {
+        drop,
+        dropped,
+        kept,
+        records,
+    })
+}
+
+/// Every store object `records` name: the objects gc must keep.
+pub fn referenced_objects(records: &[Record]) -> HashSet<String> {
+    records
+        .iter()
+        .flat_map(|r| r.snapshot.tracked_file_backups.values())
+        .filter_map(|b| b.backup_file_name.clone())
+        .collect()
+}
+
+/// Store objects to delete, with their sizes, and what stays.
+struct Sweep {
+    doomed: Vec<(String, u64)>,
+    kept_objects: usize,
+    kept_bytes: u64,
+}
+
+impl Sweep {
+    fn of(store: &Store, keep: &HashSet<String>) -> io::Result<Sweep> {
+        let mut sweep = Sweep {
+            doomed: Vec::new(),
+            kept_objects: 0,
+            kept_bytes: 0,
+        };
+        for name in store.list()? {
+            let size = match std::fs::symlink_metadata(store.object_path(&name)) {
+                Ok(m) => m.len(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if keep.contains(&name) {
+                sweep.kept_objects += 1;
+                sweep.kept_bytes += size;
+            } else {
+                sweep.doomed.push((name, size));
+            }
+        }
+        Ok(sweep)
+    }
+
+    /// Deletes the doomed objects, then fsyncs the store directory. `progress(done, total)`
+    /// is called as it goes.
+    fn run(&self, store: &Store, progress: &mut dyn FnMut(usize, usize)) -> io::Result<()> {
+        let total = self.doomed.len();
+        for (i, (name, _)) in self.doomed.iter().enumerate() {
+            match store.remove(name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "gc: removing store object {name}: {e} (the transcript is already \
+                             compacted; run gc again to remove the rest)"
+                        ),
+                    ));
+                }
+            }
+            progress(i + 1, total);
+        }
+        store.sync()
+    }
+
+    fn report(&self, plan: &Plan, dry_run: bool, before: u64, after: u64) -> GcReport {
+        GcReport {
+            schema: GC_SCHEMA.to_string(),
+            dry_run,
+            dropped: plan.dropped.clone(),
+            kept: plan.kept.clone(),
+            objects_removed: self.doomed.len(),
+            bytes_freed: self.doomed.iter().map(|(_, s)| s).sum(),
+            objects_kept: self.kept_objects,
+            bytes_kept: self.kept_bytes,
+            transcript_bytes_before: before,
+            transcript_bytes_after: after,
+        }
+    }
+}
+
+/// Bytes `records` take as transcript lines.
+fn transcript_len(records: &[Record]) -> io::Result<u64> {
+    let mut n = 0u64;
+    for r in records {
+        n += serde_json::to_vec(r)?.len() as u64 + 1;
+    }
+    Ok(n)
+}
+
+fn file_len(path: &Path) -> io::Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+fn replay_error(e: ReplayError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Test-only crash injection: if `$CHECKPOINTFS_FAILPOINT` is `name`, abort the process on
+/// the spot (no unwinding, no flush), as a crash or `kill -9` would.
+pub fn failpoint(name: &str) {
+    if std::env::var(FAILPOINT_ENV).is_ok_and(|v| v == name) {
+        log::error!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+}
+
+/// Removes `.transcript.jsonl.rewrite-*` temp files left by a compaction that crashed before
+/// its rename. Only call this while holding the state lock (a live daemon's gc may be
+/// writing one).
+pub fn remove_stale_rewrites(state_dir: &Path) -> io::Result<()> {
+    let prefix = format!(".{TRANSCRIPT_FILE}.rewrite-");
+    for entry in std::fs::read_dir(state_dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            warn!(
+                "removing {}, left by a gc that did not finish",
+                entry.path().display()
+            );
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+impl History {
+    /// gc in the daemon, keeping memory and the on-disk transcript in step. The caller must
+    /// hold the gate's epoch lock exclusively and the control maintenance lock (see the
+    /// module docs); `progress(done, total)` follows the sweep.
+    pub fn gc(
+        &self,
+        retention: Retention,
+        dry_run: bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> io::Result<GcReport> {
+        let rec = self.recorder()?;
+        // The writer builds deferred checkpoint records under `state`: let it finish them
+        // before we hold `state`, or it would wait for us while we wait for it.
+        rec.transcript.flush()?;
+        let mut st = self.lock();
+        // A fill in flight (copier or view) may be about to record an object the sweep
+        // would delete; once `busy` is empty, no new one can start while we hold `state`.
+        while !st.busy.is_empty() {
+            st = self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        // Safe under `state`: checkpoints are excluded by the epoch lock, so nothing queued
+        // needs `state`. Makes the fills that finished meanwhile part of the transcript.
+        rec.transcript.flush()?;
+        let path = rec.transcript.path().to_path_buf();
+        let records = read_transcript(&path).map_err(replay_error)?.records;
+        let before = file_len(&path)?;
+        let plan = plan(records, retention, SystemTime::now())?;
+        let after = transcript_len(&plan.records)?;
+        let sweep = Sweep::of(&self.store, &referenced_objects(&plan.records))?;
+        let report = sweep.report(&plan, dry_run, before, after);
+        if dry_run {
+            return Ok(report);
+        }
+        if plan.drop > 0 {
+            rec.transcript.rewrite(plan.records.clone())?;
+            let (replayed, _) = replay(&plan.records);
+            let shift = st.first_kept + plan.drop;
+            adopt(&mut st, replayed, shift);
+        }
+        failpoint("gc-after-rename");
+        sweep.run(&self.store, progress)?;
+        drop(st);
+        info!(
+            "gc: dropped {} checkpoints, removed {} objects ({} bytes)",
+            report.dropped.len(),
+            report.objects_removed,
+            report.bytes_freed
+        );
+        Ok(report)
+    }
+}
+
+/// Replaces the daemon's state by `replayed` (the compacted transcript, replayed), keeping
+/// checkpoint indices as they were: `replayed` numbers the oldest kept checkpoint 0, memory
+/// numbers it `shift`. The dropped checkpoints stay in `checkpoints` as placeholders below
+/// `first_kept`, so indices held by views and the kernel's caches keep their meaning.
+fn adopt(st: &mut State, mut replayed: State, shift: usize) {
+    for h in replayed.paths.values_mut() {
+        h.first_epoch += shift;
+        for v in &mut h.versions {
+            if let Some(k) = v.since.as_mut() {
+                *k += shift;
+            }
+        }
+    }
+    let mut checkpoints = st.checkpoints[..shift.min(st.checkpoints.len())].to_vec();
+    checkpoints.append(&mut replayed.checkpoints);
+    st.checkpoints = checkpoints;
+    st.checkpoint_ids = replayed
+        .checkpoint_ids
+        .into_iter()
+        .map(|(id, k)| (id, k + shift))
+        .collect();
+    st.paths = replayed.paths;
+    st.children = replayed.children;
+    st.first_kept = shift;
+    st.history_dropped = true;
+    st.next_seq = st.next_seq.max(replayed.next_seq);
+}
+
+/// gc of a state dir no daemon serves. The caller holds the state lock
+/// ([`crate::state_lock::StateLock`]), so no mount can start meanwhile.
+pub fn gc_state_dir(
+    state_dir: &Path,
+    retention: Retention,
+    dry_run: bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> io::Result<GcReport> {
+    let transcript = state_dir.join(TRANSCRIPT_FILE);
+    let journal_path = state_dir.join("backups").join(JOURNAL_FILE_NAME);
+    if !dry_run {
+        remove_stale_rewrites(state_dir)?;
+    }
+    let store = Store::open(&state_dir.join("backups"))?;
+    let outcome = read_transcript(&transcript).map_err(replay_error)?;
+    let last_seq = outcome.last_seq().unwrap_or(0);
+    let mut records = outcome.records;
+    // Records that reached only the journal (a crashed daemon) are history too.
+    records.extend(Journal::read_after(&journal_path, last_seq).map_err(replay_error)?);
+    let before = file_len(&transcript)?;
+    let plan = plan(records, retention, SystemTime::now())?;
+    let after = transcript_len(&plan.records)?;
+    let sweep = Sweep::of(&store, &referenced_objects(&plan.records))?;
+    let report = sweep.report(&plan, dry_run, before, after);
+    if dry_run {
+        return Ok(report);
+    }
+    if plan.drop > 0 {
+        rewrite_atomically(&transcript, &plan.records)?;
+        // Every journal record is in the new transcript now (its seqs are covered).
+        let new_last = plan.records.last().map_or(0, |r| r.seq);
+        Journal::open(&journal_path)?.truncate_if_covered(new_last)?;
+    }
+    failpoint("gc-after-rename");
+    sweep.run(&store, progress)?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::record::{EntryKind, EntryMeta, TrackedFileBackup, rfc3339};
+
+    const T0: u64 = 1_800_000_000;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn file(version: u32, object: &str) -> TrackedFileBackup {
+        TrackedFileBackup {
+            backup_file_name: Some(object.to_string()),
+            version,
+            backup_time: rfc3339(at(T0)),
+            meta: Some(EntryMeta {
+                kind: EntryKind::File,
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                size: 1,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+                rdev: None,
+            }),
+            pending: false,
+            actor: None,
+            fill: false,
+        }
+    }
+
+    fn absent(version: u32) -> TrackedFileBackup {
+        TrackedFileBackup {
+            backup_file_name: None,
+            meta: None,
+            ..file(version, "")
+        }
+    }
+
+    /// Builds a transcript the way the daemon writes one.
+    struct Script {
+        records: Vec<Record>,
+        latest: Option<String>,
+    }
+
+    impl Script {
+        fn new() -> Script {
+            Script {
+                records: Vec::new(),
+                latest: None,
+            }
+        }
+
+        fn seq(&self) -> u64 {
+            self.records.len() as u64 + 1
+        }
+
+        fn backup(&mut self, path: &str, b: TrackedFileBackup) -> &mut Script {
+            let r = Record::snapshot_update(
+                self.latest.as_deref(),
+                self.seq(),
+                rfc3339(at(T0)),
+                BTreeMap::from([(path.to_string(), b)]),
+            );
+            self.records.push(r);
+            self
+        }
+
+        fn checkpoint(&mut self, id: &str, secs: u64, map: &[(&str, TrackedFileBackup)]) {
+            let map = map
+                .iter()
+                .map(|(p, b)| (p.to_string(), b.clone()))
+                .collect();
+            let r = Record::checkpoint(id, self.seq(), rfc3339(at(secs)), map);
+            self.records.push(r);
+            self.latest = Some(id.to_string());
+        }
+    }
+
+    /// `a` changes at every checkpoint; `b` once, before c1; `c` is created after c2.
+    /// Objects are named after the content: a0 (pre-image) a1 a2 a3, b0 b1, c1.
+    fn history() -> Vec<Record> {
+        let mut s = Script::new();
+        s.backup("a", file(1, "a0")).backup("b", file(1, "b0"));
+        s.checkpoint("c1", T0 + 10, &[("a", file(2, "a1")), ("b", file(2, "b1"))]);
+        s.backup("a", file(2, "a1"));
+        s.checkpoint("c2", T0 + 20, &[("a", file(3, "a2")), ("b", file(2, "b1"))]);
+        s.backup("a", file(3, "a2")).backup("c", absent(1));
+        s.checkpoint(
+            "c3",
+            T0 + 30,
+            &[
+                ("a", file(4, "a3")),
+                ("b", file(2, "b1")),
+                ("c", file(2, "c1")),
+            ],
+        );
+        // Changed since c3: a's pre-image is a3, already stored.
+        s.backup("a", file(4, "a3"));
+        s.records
+    }
+
+    fn names(set: &HashSet<String>) -> Vec<&str> {
+        let mut v: Vec<&str> = set.iter().map(String::as_str).collect();
+        v.sort();
+        v
+    }
+
+    /// The state of every path at every checkpoint (by id), as replay sees it.
+    fn views(records: &[Record]) -> BTreeMap<(String, String), Option<String>> {
+        let (st, _) = replay(records);
+        let mut out = BTreeMap::new();
+        for (k, c) in st.checkpoints.iter().enumerate() {
+            for (path, h) in &st.paths {
+                let v = &h.versions[h.version_at(k) - 1];
+                let object = match &v.state {
+                    super::super::VersionState::Present { object, .. } => object.clone(),
+                    _ => None,
+                };
+                out.insert((c.id.clone(), path.clone()), object);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn keep_two_drops_the_oldest_and_keeps_what_the_kept_ones_reach() {
+        let records = history();
+        let plan = plan(records.clone(), Retention::Keep(2), at(T0 + 100)).unwrap();
+        assert_eq!(plan.drop, 1);
+        assert_eq!(plan.dropped, vec!["c1"]);
+        assert_eq!(plan.kept, vec!["c2", "c3"]);
+        // b is unchanged since c1 (dropped): its version there, b1, is kept; a0 and b0 (the
+        // pre-images) and a1 (a at c1 only) are unreachable.
+        assert_eq!(
+            names(&referenced_objects(&plan.records)),
+            vec!["a2", "a3", "b1", "c1"]
+        );
+        // Every kept checkpoint sees exactly what it saw before.
+        let before = views(&records);
+        let after = views(&plan.records);
+        for ((id, path), object) in &after {
+            assert_eq!(
+                before.get(&(id.clone(), path.clone())),
+                Some(object),
+                "{id} {path}"
+            );
+        }
+        assert_eq!(after.len(), 6, "{after:?}");
+    }
+
+    #[test]
+    fn compacted_transcript_replays_with_the_same_state_after_the_oldest_kept() {
+        let records = history();
+        let plan = plan(records.clone(), Retention::Keep(2), at(T0 + 100)).unwrap();
+        let base = &plan.records[0];
+        assert!(base.gc_base && base.is_snapshot_update && base.message_id.is_none());
+        assert_eq!(base.seq, plan.records[1].seq - 1);
+        assert_eq!(
+            plan.records.last().unwrap().seq,
+            records.last().unwrap().seq
+        );
+        assert!(plan.records.windows(2).all(|w| w[0].seq < w[1].seq));
+        let (old, _) = replay(&records);
+        let (new, _) = replay(&plan.records);
+        assert!(new.history_dropped);
+        assert_eq!(new.checkpoints.len(), 2);
+        assert_eq!(new.checkpoint_ids["c2"], 0);
+        for (path, h) in &old.paths {
+            let n = &new.paths[path];
+            // Changed since the newest checkpoint: still known.
+            assert_eq!(n.dirty, h.dirty, "{path}");
+            // Same latest version, renumbered.
+            assert_eq!(
+                n.versions.last().unwrap().state,
+                h.versions.last().unwrap().state
+            );
+        }
+        assert!(new.paths["a"].dirty);
+        // c was first tracked after c2 was taken: untouched by the base.
+        assert_eq!(new.paths["c"].versions.len(), 2);
+        assert!(!base.snapshot.tracked_file_backups.contains_key("c"));
+    }
+
+    #[test]
+    fn the_newest_checkpoint_is_always_kept() {
+        let records = history();
+        let p = plan(
+            records.clone(),
+            Retention::OlderThan(Duration::from_secs(1)),
+            at(T0 + 1000),
+        )
+        .unwrap();
+        assert_eq!(p.kept, vec!["c3"]);
+        let p = plan(records, Retention::Keep(0), at(T0)).unwrap();
+        assert_eq!(
+            p.kept,
+            vec!["c3"],
+            "keep 0 is treated as 1 here; the CLI refuses it"
+        );
+    }
+
+    #[test]
+    fn older_than_drops_checkpoints_strictly_older_than_the_cutoff() {
+        let cs: Vec<Checkpoint> = [10, 20, 30, 40]
+            .iter()
+            .map(|s| Checkpoint {
+                id: format!("c{s}"),
+                time: at(T0 + s),
+            })
+            .collect();
+        let older = |secs| Retention::OlderThan(Duration::from_secs(secs));
+        // now = T0+50: cutoff T0+30 drops c10 and c20; c30 is exactly at the cutoff: kept.
+        assert_eq!(checkpoints_to_drop(&cs, older(20), at(T0 + 50)), 2);
+        assert_eq!(checkpoints_to_drop(&cs, older(19), at(T0 + 50)), 3);
+        assert_eq!(checkpoints_to_drop(&cs, older(1000), at(T0 + 50)), 0);
+        assert_eq!(checkpoints_to_drop(&cs, Retention::Keep(3), at(T0)), 1);
+        assert_eq!(checkpoints_to_drop(&cs, Retention::Keep(9), at(T0)), 0);
+        assert_eq!(checkpoints_to_drop(&[], Retention::Keep(1), at(T0)), 0);
+        assert_eq!(checkpoints_to_drop(&[], older(1), at(T0)), 0);
+    }
+
+    #[test]
+    fn nothing_to_drop_keeps_the_transcript_as_is() {
+        let records = history();
+        let p = plan(records.clone(), Retention::Keep(10), at(T0)).unwrap();
+        assert_eq!(p.drop, 0);
+        assert_eq!(p.records, records);
+        // Only unreferenced objects would go: none of these.
+        assert_eq!(referenced_objects(&p.records).len(), 7);
+    }
+
+    #[test]
+    fn gc_twice_is_idempotent() {
+        let once = plan(history(), Retention::Keep(2), at(T0 + 100)).unwrap();
+        let twice = plan(once.records.clone(), Retention::Keep(2), at(T0 + 100)).unwrap();
+        assert_eq!(twice.drop, 0);
+        assert_eq!(twice.records, once.records);
+        // Compacting a compacted transcript further works too.
+        let more = plan(once.records.clone(), Retention::Keep(1), at(T0 + 100)).unwrap();
+        assert_eq!(more.kept, vec!["c3"]);
+        assert_eq!(
+            names(&referenced_objects(&more.records)),
+            vec!["a3", "b1", "c1"]
+        );
+        assert_eq!(
+            views(&more.records),
+            views(&history())
+                .into_iter()
+                .filter(|((id, _), _)| id == "c3")
+                .collect()
+        );
+    }
+
+    #[test]
+    fn a_pending_version_at_the_oldest_kept_checkpoint_stays_pending_until_filled() {
+        let mut s = Script::new();
+        s.backup("a", file(1, "a0"));
+        s.checkpoint("c1", T0 + 10, &[("a", file(2, "a1"))]);
+        s.backup("a", file(2, "a1"));
+        let pending = TrackedFileBackup {
+            backup_file_name: None,
+            meta: None,
+            pending: true,
+            ..file(3, "")
+        };
+        s.checkpoint("c2", T0 + 20, &[("a", pending.clone())]);
+        s.checkpoint("c3", T0 + 30, &[("a", pending)]);
+        // The fill of c2's pending version comes after c3.
+        let fill = TrackedFileBackup {
+            fill: true,
+            ..file(3, "a2")
+        };
+        s.backup("a", fill);
+        let p = plan(s.records.clone(), Retention::Keep(2), at(T0)).unwrap();
+        assert_eq!(p.kept, vec!["c2", "c3"]);
+        // The base holds the filled content (replay had it), and the fill still applies.
+        assert_eq!(
+            p.records[0].snapshot.tracked_file_backups["a"].backup_file_name,
+            Some("a2".to_string())
+        );
+        assert_eq!(
+            p.records.last().unwrap().snapshot.tracked_file_backups["a"].version,
+            1
+        );
+        assert_eq!(names(&referenced_objects(&p.records)), vec!["a2"]);
+        assert!(!replay(&p.records).0.paths["a"].dirty);
+    }
+
+    #[test]
+    fn an_inconsistent_transcript_is_refused() {
+        let mut records = history();
+        // A record after c2 naming a version of `a` from before c2.
+        let n = records.len();
+        records[n - 1]
+            .snapshot
+            .tracked_file_backups
+            .get_mut("a")
+            .unwrap()
+            .version = 1;
+        let err = plan(records, Retention::Keep(2), at(T0)).unwrap_err();
+        assert!(err.to_string().contains("inconsistent"), "{err}");
+    }
+
+    /// The gcBase example in docs/transcript-format.md is what the writer produces, and
+    /// replays as a compacted history.
+    #[test]
+    fn doc_example_of_a_compacted_transcript_replays() {
+        let doc = include_str!("../../docs/transcript-format.md");
+        let section = doc
+            .split("## After gc: the `gcBase` record")
+            .nth(1)
+            .expect("gc section");
+        let block = section
+            .split("```jsonl\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("jsonl block");
+        let records: Vec<Record> = block
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("line parses"))
+            .collect();
+        let rewritten: String = records
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        assert_eq!(rewritten, block);
+        assert!(records[0].gc_base && !records[1].gc_base);
+        let (st, _) = replay(&records);
+        assert!(st.history_dropped);
+        assert_eq!(st.checkpoints.len(), 1);
+        let h = &st.paths["src/lib.rs"];
+        assert_eq!(h.versions.len(), 1);
+        assert!(!h.dirty);
+    }
+
+    #[test]
+    fn durations_parse_with_units_and_bad_ones_are_refused() {
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(12 * 3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        assert_eq!(parse_duration("2w"), Ok(Duration::from_secs(14 * 86400)));
+        assert_eq!(parse_duration("45s"), Ok(Duration::from_secs(45)));
+        for bad in [
+            "",
+            " ",
+            "7x",
+            "-1d",
+            "d",
+            "7",
+            "1.5h",
+            "0d",
+            "7 d",
+            "99999999999999999999w",
+        ] {
+            let err = parse_duration(bad).unwrap_err();
+            assert!(err.contains("invalid duration"), "{bad:?}: {err}");
+        }
+    }
+}

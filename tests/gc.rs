@@ -1,0 +1,562 @@
+//! `checkpointfs gc`: retention on real mounts. A history of 50 checkpoints over files of
+//! varied sizes and change rates is modelled exactly, so the test knows which store objects
+//! gc must keep and which it must free; kept checkpoints must browse and rewind byte for
+//! byte as before; a crash between the transcript's rename and the sweep loses nothing.
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{TestMount, cli, cli_ok as checked, stderr, stdout, tree_listing};
+use sha2::{Digest, Sha256};
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What a path holds in the model: a file's bytes or a symlink's target.
+#[derive(Clone, Debug, PartialEq)]
+enum Content {
+    File(Vec<u8>),
+    Link(String),
+}
+
+impl Content {
+    fn stored_bytes(&self) -> Vec<u8> {
+        match self {
+            Content::File(b) => b.clone(),
+            Content::Link(t) => t.as_bytes().to_vec(),
+        }
+    }
+}
+
+/// Deterministic, distinct bytes: `len` bytes from a seed.
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The tree at mount time (besides `static.txt`, which is never changed, so never tracked).
+fn initial() -> BTreeMap<String, Content> {
+    BTreeMap::from([
+        ("big.bin".into(), Content::File(bytes(1, 200 << 10))),
+        ("small.txt".into(), Content::File(b"small 0\n".to_vec())),
+        ("once.dat".into(), Content::File(bytes(2, 64 << 10))),
+        ("dir/sub/nested.txt".into(), Content::File(bytes(3, 3000))),
+        ("doomed.txt".into(), Content::File(bytes(4, 5000))),
+    ])
+}
+
+/// The changes made while answering message `i` (after checkpoint `msg-i`).
+fn epoch(i: u64, tree: &mut BTreeMap<String, Content>) {
+    // Changed at every message, large and small.
+    tree.insert(
+        "big.bin".into(),
+        Content::File(bytes(1000 + i, (200 << 10) + i as usize)),
+    );
+    tree.insert(
+        "small.txt".into(),
+        Content::File(format!("small {i}\n").into_bytes()),
+    );
+    if i == 3 {
+        tree.insert("once.dat".into(), Content::File(bytes(2000, 80 << 10)));
+    }
+    if i.is_multiple_of(5) {
+        tree.insert(
+            "dir/sub/nested.txt".into(),
+            Content::File(bytes(3000 + i, 3000 + i as usize)),
+        );
+    }
+    if i == 10 {
+        tree.insert("link".into(), Content::Link("small.txt".into()));
+    }
+    if i == 20 || i == 44 {
+        tree.insert("created.txt".into(), Content::File(bytes(4000 + i, 7000)));
+    }
+    if i == 30 {
+        tree.remove("doomed.txt");
+    }
+}
+
+/// The model's tree after the changes of messages 1..=n.
+fn tree_after(n: u64) -> BTreeMap<String, Content> {
+    let mut t = initial();
+    for i in 1..=n {
+        epoch(i, &mut t);
+    }
+    t
+}
+
+/// Makes `tree` (the model after epoch `i - 1`) become the model after epoch `i`, through
+/// the mount.
+fn apply_epoch(mnt: &Path, before: &BTreeMap<String, Content>, i: u64) {
+    let mut after = before.clone();
+    epoch(i, &mut after);
+    for (path, c) in &after {
+        if before.get(path) == Some(c) {
+            continue;
+        }
+        let p = mnt.join(path);
+        match c {
+            Content::File(b) => fs::write(&p, b).unwrap(),
+            Content::Link(t) => symlink(t, &p).unwrap(),
+        }
+    }
+    for path in before.keys().filter(|p| !after.contains_key(*p)) {
+        fs::remove_file(mnt.join(path)).unwrap();
+    }
+}
+
+/// The paths changed (so tracked) in epochs 1..=n.
+fn tracked(n: u64) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for i in 1..=n {
+        let (before, after) = (tree_after(i - 1), tree_after(i));
+        for p in before.keys().chain(after.keys()) {
+            if before.get(p) != after.get(p) && !out.contains(p) {
+                out.push(p.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Hashes and sizes of the store objects the checkpoints `from..=to` need, in a history of
+/// `n` epochs (checkpoint `msg-k` sees the tree after epoch k-1; only tracked paths are
+/// stored, the others are read from SRC).
+fn objects_for(from: u64, to: u64, n: u64) -> BTreeMap<String, u64> {
+    let tracked = tracked(n);
+    let mut out = BTreeMap::new();
+    for k in from..=to {
+        for (path, c) in tree_after(k - 1) {
+            if tracked.contains(&path) {
+                let b = c.stored_bytes();
+                out.insert(sha256_hex(&b), b.len() as u64);
+            }
+        }
+    }
+    out
+}
+
+/// The objects in STATE/backups, name → size.
+fn store_objects(state: &Path) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for e in fs::read_dir(state.join("backups")).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            out.insert(name, e.metadata().unwrap().len());
+        }
+    }
+    out
+}
+
+fn store_bytes(state: &Path) -> u64 {
+    store_objects(state).values().sum()
+}
+
+/// Waits for the background copier to store everything the model says the history holds.
+fn wait_for_store(state: &Path, expected: &BTreeMap<String, u64>) {
+    let done = common::wait_until(Duration::from_secs(30), || {
+        &store_objects(state) == expected
+    });
+    assert!(
+        done,
+        "store never matched the model:\nmissing {:?}\nextra {:?}",
+        expected
+            .keys()
+            .filter(|k| !store_objects(state).contains_key(*k))
+            .collect::<Vec<_>>(),
+        store_objects(state)
+            .keys()
+            .filter(|k| !expected.contains_key(*k))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Waits until the background copier is done and its records are in the transcript, so
+/// the state dir's bytes stay as they are until the test changes something.
+fn settle(m: &TestMount, expected: &BTreeMap<String, u64>) {
+    wait_for_store(&m.state, expected);
+    let mnt = m.mnt.to_str().unwrap();
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        checked(&["status", mnt]).contains("pending copies: 0")
+    }));
+    // A copy taken off the queue records itself a moment after its object lands.
+    std::thread::sleep(Duration::from_millis(300));
+    checked(&["log", mnt]); // flushes the transcript
+}
+
+/// A mount with checkpoints msg-1..=msg-n, each followed by its epoch's changes.
+fn mount_with_history(n: u64, env: &[(&str, &str)]) -> TestMount {
+    let mut m = TestMount::unmounted(&[]);
+    for (path, c) in initial() {
+        let p = m.src.join(&path);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, c.stored_bytes()).unwrap();
+    }
+    fs::write(m.src.join("static.txt"), b"never changed\n").unwrap();
+    for (k, v) in env {
+        m.set_env(k, v);
+    }
+    m.mount();
+    let mut tree = initial();
+    for i in 1..=n {
+        m.ctl(&format!("msg-{i}")).unwrap();
+        apply_epoch(&m.mnt, &tree, i);
+        epoch(i, &mut tree);
+    }
+    m
+}
+
+fn at_list(m: &TestMount) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(m.mnt.join(".checkpoint/at"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort_by_key(|id| {
+        id.trim_start_matches("msg-")
+            .split(':')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(u64::MAX)
+    });
+    v
+}
+
+fn ids(range: std::ops::RangeInclusive<u64>) -> Vec<String> {
+    range.map(|i| format!("msg-{i}")).collect()
+}
+
+/// tree_listing of every checkpoint in `range`, by id.
+fn views(m: &TestMount, range: std::ops::RangeInclusive<u64>) -> BTreeMap<String, Vec<String>> {
+    range
+        .map(|k| {
+            let id = format!("msg-{k}");
+            let listing = tree_listing(&m.mnt.join(".checkpoint/at").join(&id));
+            (id, listing)
+        })
+        .collect()
+}
+
+/// The model tree `t`, plus static.txt, as the mount shows it: path → content.
+fn assert_tree_is(dir: &Path, t: &BTreeMap<String, Content>) {
+    for (path, c) in t {
+        let p = dir.join(path);
+        match c {
+            Content::File(b) => assert!(fs::read(&p).unwrap() == *b, "{} differs", p.display()),
+            Content::Link(target) => {
+                assert_eq!(fs::read_link(&p).unwrap().to_str(), Some(target.as_str()))
+            }
+        }
+    }
+    for gone in ["doomed.txt", "created.txt", "link"] {
+        if !t.contains_key(gone) {
+            assert!(
+                fs::symlink_metadata(dir.join(gone)).is_err(),
+                "{gone} exists"
+            );
+        }
+    }
+    assert_eq!(
+        fs::read(dir.join("static.txt")).unwrap(),
+        b"never changed\n"
+    );
+}
+
+fn transcript(m: &TestMount) -> Vec<u8> {
+    fs::read(m.state.join("transcript.jsonl")).unwrap()
+}
+
+fn gc(m: &TestMount, args: &[&str]) -> String {
+    let mut all = vec!["gc", m.mnt.to_str().unwrap()];
+    all.extend_from_slice(args);
+    checked(&all)
+}
+
+/// `checkpointfs gc --state-dir STATE ARGS...`.
+fn gc_state_dir(m: &TestMount, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["gc", "--state-dir", m.state.to_str().unwrap()];
+    all.extend_from_slice(args);
+    cli(&all)
+}
+
+#[test]
+fn gc_keep_10_of_50_frees_exactly_what_only_dropped_checkpoints_needed() {
+    let mut m = mount_with_history(50, &[]);
+    // Everything any checkpoint (and the pre-images, = msg-1's view) needed is stored.
+    let all = objects_for(1, 50, 50);
+    wait_for_store(&m.state, &all);
+    let before_bytes = store_bytes(&m.state);
+    let kept_views = views(&m, 41..=50);
+    let live_before = tree_listing(&m.mnt);
+
+    let out = gc(&m, &["--keep", "10"]);
+    let expected_kept = objects_for(41, 50, 50);
+    let removed: u64 = all
+        .iter()
+        .filter(|(k, _)| !expected_kept.contains_key(*k))
+        .map(|(_, s)| s)
+        .sum();
+    assert!(
+        removed > 40 * (200 << 10),
+        "the model frees too little: {removed}"
+    );
+    let removed_count = all.len() - expected_kept.len();
+    assert!(
+        out.starts_with(&format!(
+            "dropped 40 checkpoints (msg-1 … msg-40), removed {removed_count} objects, freed "
+        )),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("; kept 10 checkpoints (msg-41 … msg-50)\n"),
+        "{out}"
+    );
+    // Exactly the objects the kept checkpoints need are left: once.dat (changed at message
+    // 3, long dropped) and nested.txt (last changed at 40) are among them.
+    assert_eq!(store_objects(&m.state), expected_kept);
+    assert_eq!(store_bytes(&m.state), before_bytes - removed);
+    assert!(expected_kept.contains_key(&sha256_hex(&bytes(2000, 80 << 10))));
+
+    assert_eq!(at_list(&m), ids(41..=50));
+    assert!(fs::symlink_metadata(m.mnt.join(".checkpoint/at/msg-40")).is_err());
+    assert_eq!(views(&m, 41..=50), kept_views);
+    assert_tree_is(&m.mnt.join(".checkpoint/at/msg-41"), &tree_after(40));
+    assert_eq!(tree_listing(&m.mnt), live_before);
+
+    // Rewind to the oldest kept checkpoint: byte for byte; and undo it.
+    let out = checked(&["rewind", m.mnt.to_str().unwrap(), "msg-41"]);
+    assert!(
+        out.contains("saved current state as msg-41:before-rewind"),
+        "{out}"
+    );
+    assert_tree_is(&m.mnt, &tree_after(40));
+    assert_eq!(tree_listing(&m.mnt), kept_views["msg-41"]);
+    checked(&["rewind", m.mnt.to_str().unwrap(), "msg-41:before-rewind"]);
+    assert_eq!(tree_listing(&m.mnt), live_before);
+    assert_tree_is(&m.mnt, &tree_after(50));
+
+    // Remount: the compacted transcript replays to the same log and the same views.
+    let log = checked(&["log", m.mnt.to_str().unwrap()]);
+    assert!(log.starts_with("msg-41  "), "{log}");
+    assert!(
+        log.contains("(earlier checkpoints were dropped by gc)"),
+        "{log}"
+    );
+    m.remount();
+    assert_eq!(checked(&["log", m.mnt.to_str().unwrap()]), log);
+    assert_eq!(views(&m, 41..=50), kept_views);
+    assert_eq!(tree_listing(&m.mnt), live_before);
+    checked(&["rewind", m.mnt.to_str().unwrap(), "msg-45"]);
+    assert_tree_is(&m.mnt, &tree_after(44));
+}
+
+#[test]
+fn gc_twice_is_idempotent_and_dry_run_changes_nothing() {
+    let m = mount_with_history(12, &[]);
+    settle(&m, &objects_for(1, 12, 12));
+    let (store_before, transcript_before) = (store_objects(&m.state), transcript(&m));
+
+    let out = gc(&m, &["--keep", "4", "--dry-run"]);
+    assert!(
+        out.starts_with("would drop 8 checkpoints (msg-1 … msg-8), would remove "),
+        "{out}"
+    );
+    assert!(out.contains("dry run: nothing was changed"), "{out}");
+    assert_eq!(store_objects(&m.state), store_before);
+    assert_eq!(transcript(&m), transcript_before);
+    assert_eq!(at_list(&m), ids(1..=12));
+
+    gc(&m, &["--keep", "4"]);
+    let (store_once, transcript_once) = (store_objects(&m.state), transcript(&m));
+    assert_eq!(store_once, objects_for(9, 12, 12));
+    let again = gc(&m, &["--keep", "4"]);
+    assert_eq!(
+        again,
+        "dropped 0 checkpoints, removed 0 objects, freed 0 B; kept 4 checkpoints (msg-9 … \
+         msg-12)\n"
+    );
+    assert_eq!(store_objects(&m.state), store_once);
+    assert_eq!(transcript(&m), transcript_once);
+}
+
+#[test]
+fn gc_older_than_drops_checkpoints_before_the_boundary_and_reports_json() {
+    let mut m = TestMount::new();
+    for i in 1..=3 {
+        m.ctl(&format!("old-{i}")).unwrap();
+        fs::write(m.mnt.join("f.txt"), format!("old {i}\n")).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(3500));
+    for i in 1..=3 {
+        m.ctl(&format!("new-{i}")).unwrap();
+        fs::write(m.mnt.join("f.txt"), format!("new {i}\n")).unwrap();
+    }
+    let new_1 = fs::read(m.mnt.join(".checkpoint/at/new-1/f.txt")).unwrap();
+    assert_eq!(new_1, b"old 3\n");
+    // old-* are at least 3.5 s old, new-* a moment old: a 2 s boundary lies between them.
+    let out = gc(&m, &["--older-than", "2s", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&out).expect("gc --json is JSON");
+    assert_eq!(report["schema"], "checkpointfs.gc/1");
+    assert_eq!(report["dry_run"], false);
+    assert_eq!(
+        report["dropped"],
+        serde_json::json!(["old-1", "old-2", "old-3"])
+    );
+    assert_eq!(
+        report["kept"],
+        serde_json::json!(["new-1", "new-2", "new-3"])
+    );
+    // "old 1" and "old 2" (and the empty pre-image... none: f.txt was created) are gone.
+    assert_eq!(report["objects_removed"], 2);
+    assert_eq!(report["bytes_freed"], 12);
+    assert_eq!(
+        fs::read(m.mnt.join(".checkpoint/at/new-1/f.txt")).unwrap(),
+        new_1
+    );
+    m.umount();
+    // Offline, through the state dir; new-3 is over 1 s old by now too, but the newest
+    // checkpoint is always kept.
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = gc_state_dir(&m, &["--older-than", "1s"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = stdout(&out);
+    assert!(out.contains("kept 1 checkpoint (new-3)"), "{out}");
+    m.mount();
+    assert_eq!(at_list(&m), vec!["new-3"]);
+    assert_eq!(
+        fs::read(m.mnt.join(".checkpoint/at/new-3/f.txt")).unwrap(),
+        b"new 2\n"
+    );
+    checked(&["rewind", m.mnt.to_str().unwrap(), "new-3"]);
+    assert_eq!(fs::read(m.mnt.join("f.txt")).unwrap(), b"new 2\n");
+}
+
+#[test]
+fn gc_bad_input_is_refused_with_exit_2_and_changes_nothing() {
+    let m = mount_with_history(3, &[]);
+    settle(&m, &objects_for(1, 3, 3));
+    let (store_before, transcript_before) = (store_objects(&m.state), transcript(&m));
+    let mnt = m.mnt.to_str().unwrap();
+    let not_a_mount = m.src.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["gc", mnt, "--keep", "1", "--older-than", "1d"],
+            "cannot be used with",
+        ),
+        (&["gc", mnt], "--keep <N>"),
+        (&["gc", mnt, "--older-than", "7x"], "unknown unit 'x'"),
+        (&["gc", mnt, "--older-than=-1d"], "invalid duration '-1d'"),
+        (&["gc", mnt, "--older-than="], "invalid duration '': empty"),
+        (
+            &["gc", mnt, "--keep", "0"],
+            "gc always keeps at least the newest",
+        ),
+        (
+            &["gc", mnt, "--keep", "many"],
+            "is not a number of checkpoints",
+        ),
+        (
+            &["gc", not_a_mount, "--keep", "1"],
+            "is not a checkpointfs mount",
+        ),
+        (
+            &["gc", "--state-dir", not_a_mount, "--keep", "1"],
+            "is not a checkpointfs state dir",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = cli(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(store_objects(&m.state), store_before);
+    assert_eq!(transcript(&m), transcript_before);
+    assert_eq!(at_list(&m), ids(1..=3));
+}
+
+#[test]
+fn gc_crash_after_rename_loses_nothing_and_the_next_gc_sweeps_the_orphans() {
+    let mut m = mount_with_history(10, &[("CHECKPOINTFS_FAILPOINT", "gc-after-rename")]);
+    let all = objects_for(1, 10, 10);
+    wait_for_store(&m.state, &all);
+    let kept_views = views(&m, 8..=10);
+    let live = tree_listing(&m.mnt);
+
+    let out = cli(&["gc", m.mnt.to_str().unwrap(), "--keep", "3"]);
+    assert_eq!(out.status.code(), Some(1), "the daemon should have aborted");
+    m.kill9(); // reaps the aborted daemon and detaches its dead mount
+    // The new transcript is in place; the objects it no longer needs are still there.
+    let text = String::from_utf8(transcript(&m)).unwrap();
+    assert!(
+        text.lines().next().unwrap().contains("\"gcBase\":true"),
+        "{text}"
+    );
+    assert_eq!(store_objects(&m.state), all);
+    // A temp transcript from a crash before a rename is garbage: removed at mount.
+    let stale = m.state.join(".transcript.jsonl.rewrite-4242-1-0");
+    fs::write(&stale, b"half a transcript").unwrap();
+
+    m.set_env("CHECKPOINTFS_FAILPOINT", "");
+    m.mount();
+    assert!(!stale.exists(), "stale rewrite temp survived the mount");
+    assert_eq!(at_list(&m), ids(8..=10));
+    assert_eq!(views(&m, 8..=10), kept_views);
+    assert_eq!(tree_listing(&m.mnt), live);
+    // The next gc sweeps every unreferenced object, also the orphans of the crashed one.
+    let orphans = all.len() - objects_for(8, 10, 10).len();
+    let out = gc(&m, &["--keep", "3"]);
+    assert!(
+        out.starts_with(&format!("dropped 0 checkpoints, removed {orphans} objects")),
+        "{out}"
+    );
+    assert_eq!(store_objects(&m.state), objects_for(8, 10, 10));
+    checked(&["rewind", m.mnt.to_str().unwrap(), "msg-8"]);
+    assert_tree_is(&m.mnt, &tree_after(7));
+}
+
+#[test]
+fn gc_state_dir_is_refused_while_another_process_holds_the_state_lock() {
+    let mut m = mount_with_history(3, &[]);
+    m.umount();
+    // A foreground daemon started by hand would hold the lock; so does this flock(1).
+    let lock = m.state.join("lock");
+    let mut holder = std::process::Command::new("flock")
+        .arg(&lock)
+        .arg("sleep")
+        .arg("30")
+        .spawn()
+        .expect("flock(1)");
+    assert!(common::wait_until(Duration::from_secs(5), || {
+        fs::metadata(&lock).is_ok()
+            && std::process::Command::new("flock")
+                .args(["-n", lock.to_str().unwrap(), "true"])
+                .status()
+                .is_ok_and(|s| !s.success())
+    }));
+    let transcript_before = transcript(&m);
+    let out = gc_state_dir(&m, &["--keep", "1"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is in use by another checkpointfs process"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(transcript(&m), transcript_before);
+}
