@@ -330,6 +330,7 @@ fn gc_keep_10_of_50_frees_exactly_what_only_dropped_checkpoints_needed() {
     // 3, long dropped) and nested.txt (last changed at 40) are among them.
     assert_eq!(store_objects(&m.state), expected_kept);
     assert_eq!(store_bytes(&m.state), before_bytes - removed);
+    assert_transcript_objects_stored(&m.state);
     assert!(expected_kept.contains_key(&sha256_hex(&bytes(2000, 80 << 10))));
 
     assert_eq!(at_list(&m), ids(41..=50));
@@ -358,6 +359,7 @@ fn gc_keep_10_of_50_frees_exactly_what_only_dropped_checkpoints_needed() {
         "{log}"
     );
     m.remount();
+    assert_transcript_objects_stored(&m.state);
     assert_eq!(checked(&["log", m.mnt.to_str().unwrap()]), log);
     assert_eq!(views(&m, 41..=50), kept_views);
     assert_eq!(tree_listing(&m.mnt), live_before);
@@ -559,4 +561,137 @@ fn gc_state_dir_is_refused_while_another_process_holds_the_state_lock() {
         stderr(&out)
     );
     assert_eq!(transcript(&m), transcript_before);
+}
+
+/// Every object the transcript names is in the store: nothing a kept checkpoint or a backup
+/// since still needs was deleted.
+fn assert_transcript_objects_stored(state: &Path) {
+    let text = fs::read_to_string(state.join("transcript.jsonl")).unwrap();
+    let objects = store_objects(state);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let backups = v["snapshot"]["trackedFileBackups"].as_object().unwrap();
+        for (path, b) in backups {
+            if let Some(name) = b["backupFileName"].as_str() {
+                assert!(
+                    objects.contains_key(name),
+                    "{path}: object {name} is named by the transcript but gone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gc_while_files_change_and_checkpoints_are_taken_loses_no_backup() {
+    let mut m = mount_with_history(10, &[]);
+    let mnt = m.mnt.clone();
+    let busy = mnt.join("busy.txt");
+    let writer = std::thread::spawn(move || {
+        let mut taken = Vec::new();
+        for j in 0..3000u32 {
+            fs::write(&busy, format!("w{j}\n")).unwrap();
+            if j % 100 == 0 {
+                let id = format!("live-{j}");
+                fs::write(mnt.join(".checkpoint/ctl"), format!("{id}\n")).unwrap();
+                taken.push((id, format!("w{j}\n")));
+            }
+        }
+        taken
+    });
+    // gc over and over while the writer runs: each time with mutations and checkpoints
+    // waiting on it, and fills of pending versions racing its sweep.
+    let mut concurrent = 0;
+    while !writer.is_finished() {
+        gc(&m, &["--keep", "3"]);
+        concurrent += 1;
+    }
+    let taken = writer.join().expect("writer thread");
+    assert!(concurrent >= 2, "the writer was done before gc ran twice");
+    gc(&m, &["--keep", "3"]);
+    assert_transcript_objects_stored(&m.state);
+    let kept = at_list(&m);
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    let check_views = |m: &TestMount| {
+        for (id, content) in taken.iter().filter(|(id, _)| kept.contains(id)) {
+            let at = m.mnt.join(".checkpoint/at").join(id);
+            assert_eq!(
+                fs::read_to_string(at.join("busy.txt")).unwrap(),
+                *content,
+                "{id}"
+            );
+            assert_tree_is(&at, &tree_after(10));
+        }
+    };
+    check_views(&m);
+    m.remount();
+    assert_eq!(at_list(&m), kept);
+    check_views(&m);
+    assert_transcript_objects_stored(&m.state);
+}
+
+#[test]
+fn gc_state_dir_after_a_daemon_crash_keeps_what_only_the_journal_recorded() {
+    let mut m = mount_with_history(8, &[]);
+    m.kill9(); // the transcript may lack the last records; the journal has them
+    let out = gc_state_dir(&m, &["--keep", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("dropped 5 checkpoints (msg-1 … msg-5)"),
+        "{}",
+        stdout(&out)
+    );
+    let allowed = objects_for(6, 8, 8);
+    assert!(
+        store_objects(&m.state)
+            .keys()
+            .all(|k| allowed.contains_key(k)),
+        "gc kept objects no kept checkpoint needs"
+    );
+    assert_transcript_objects_stored(&m.state);
+    m.mount();
+    assert_eq!(at_list(&m), ids(6..=8));
+    for k in 6..=8 {
+        assert_tree_is(
+            &m.mnt.join(format!(".checkpoint/at/msg-{k}")),
+            &tree_after(k - 1),
+        );
+    }
+    assert_tree_is(&m.mnt, &tree_after(8));
+    checked(&["rewind", m.mnt.to_str().unwrap(), "msg-6"]);
+    assert_tree_is(&m.mnt, &tree_after(5));
+}
+
+/// Runs `checkpointfs ARGS...` with a terminal as stdin/stdout/stderr (script(1)); what the
+/// terminal showed.
+fn on_terminal(args: &[&str]) -> String {
+    let line = std::iter::once(common::BIN)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = common::run("script", &["-qec", &line, "/dev/null"], Path::new("/"));
+    assert!(out.status.success(), "{line}: {}", stdout(&out));
+    stdout(&out)
+}
+
+#[test]
+fn progress_goes_to_a_terminal_and_nowhere_else() {
+    let m = mount_with_history(6, &[]);
+    let mnt = m.mnt.to_str().unwrap();
+    let shown = on_terminal(&["gc", mnt, "--keep", "4"]);
+    assert!(
+        shown.contains("\rgc: swept ") || shown.contains("gc: swept "),
+        "{shown:?}"
+    );
+    assert!(shown.contains("dropped 2 checkpoints"), "{shown:?}");
+    let shown = on_terminal(&["rewind", mnt, "msg-5"]);
+    assert!(shown.contains("rewind: "), "{shown:?}");
+    assert!(shown.contains(" paths"), "{shown:?}");
+    // Not a terminal: stderr stays empty.
+    let out = cli(&["gc", mnt, "--keep", "2"]);
+    assert!(out.status.success());
+    assert_eq!(stderr(&out), "");
+    let out = cli(&["rewind", mnt, "msg-6"]);
+    assert!(out.status.success());
+    assert_eq!(stderr(&out), "");
 }
