@@ -337,7 +337,8 @@ pub struct StatusArgs {
 
     /// Also say whether and why P is tracked: which exclusion rule (file and line) decides
     /// it, and whether it was backed up in the current message. P is relative to MNT (or
-    /// absolute inside MNT) and need not exist; `P/` is taken as a directory
+    /// absolute inside MNT; with --state-dir: relative to the mount root, or absolute under
+    /// the last mount point or SRC) and need not exist; `P/` is taken as a directory
     #[arg(long, value_name = "P")]
     pub path: Option<PathBuf>,
 

@@ -297,6 +297,30 @@ fn path_in_mount(mnt: &Path, p: &Path) -> Result<String, String> {
         .ok_or_else(|| format!("{} is not valid UTF-8", p.display()))
 }
 
+/// An absolute `p` given with `--state-dir`, relative to the mount root: under the last
+/// mount point or the source the state dir names (`STATE/mountpoint`, `STATE/source`).
+fn path_in_saved_tree(state_dir: &Path, p: &Path) -> Result<String, String> {
+    let roots: Vec<PathBuf> = [crate::cli::MOUNTPOINT_FILE, "source"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(state_dir.join(f)).ok())
+        .map(|s| PathBuf::from(s.trim_end_matches('\n')))
+        .collect();
+    roots
+        .iter()
+        .find_map(|root| p.strip_prefix(root).ok())
+        .and_then(|rel| rel.to_str())
+        .map(|rel| rel.trim_matches('/').to_string())
+        .ok_or_else(|| {
+            let names: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+            format!(
+                "{} is not inside the tree of {} ({})",
+                p.display(),
+                state_dir.display(),
+                names.join(" or ")
+            )
+        })
+}
+
 /// `checkpointfs rewind MNT ID [--dry-run] [-- PATH...]`.
 pub fn rewind(mnt: &Path, id: &str, dry_run: bool, paths: &[PathBuf]) -> i32 {
     let state_dir = match state_dir_of_mount(mnt) {
@@ -345,6 +369,13 @@ pub fn diff(target: &Target, from: &str, to: Option<&str>, format: DiffFormat) -
 pub fn status(target: &Target, path: Option<&Path>, json: bool) -> i32 {
     let rel = match (target, path) {
         (Target::Mount(mnt), Some(p)) => match path_in_mount(mnt, p) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("checkpointfs: {e}");
+                return EXIT_USAGE;
+            }
+        },
+        (Target::StateDir(dir), Some(p)) if p.is_absolute() => match path_in_saved_tree(dir, p) {
             Ok(r) => Some(r),
             Err(e) => {
                 eprintln!("checkpointfs: {e}");

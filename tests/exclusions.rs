@@ -467,6 +467,20 @@ fn remount_keeps_the_exclusion_settings_and_flags_replace_them() {
         serde_json::json!(["*.gen"])
     );
     assert_eq!(j["path"]["reason"]["kind"], "gitignore");
+    // Absolute paths name the tree through the last mount point or the source.
+    for root in [&m.mnt, &m.src] {
+        let abs = root.join("sub/keep.log");
+        let j = status_json(&["--state-dir", &state, "--path", abs.to_str().unwrap()]);
+        assert_eq!(j["path"]["path"], "sub/keep.log");
+        assert_eq!(j["path"]["reason"]["kind"], "gitignore-negation");
+    }
+    let out = cli(&["status", "--state-dir", &state, "--path", "/etc/passwd"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("is not inside the tree of"),
+        "{}",
+        stderr(&out)
+    );
 
     // An --exclude-from file is read again at each mount.
     fs::write(&list, "*.gen2\n").unwrap();

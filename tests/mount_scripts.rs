@@ -138,6 +138,41 @@ fn every_script_has_help_and_shares_one_common_block() {
     );
 }
 
+/// with-checkpoints --respect-gitignore: what git ignores is not backed up, and the setting
+/// is saved in the state dir.
+#[test]
+fn with_checkpoints_passes_respect_gitignore() {
+    let m = TestMount::unmounted(&[]);
+    let _guard = RootGuard(m.root());
+    fs::write(m.src.join(".gitignore"), "*.log\n").unwrap();
+    let out = run_with(
+        &script("with-checkpoints"),
+        &[
+            "--state-dir",
+            m.state.to_str().unwrap(),
+            "--respect-gitignore",
+            m.src.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo l > a.log && echo t > a.txt",
+        ],
+        Path::new("/"),
+        &[],
+        b"",
+    );
+    assert!(out.status.success(), "with-checkpoints: {}", stderr(&out));
+    assert_nothing_mounted_under(&m.root());
+    let transcript = fs::read_to_string(m.state.join("transcript.jsonl")).unwrap();
+    assert!(transcript.contains("\"a.txt\":"), "{transcript}");
+    assert!(!transcript.contains("a.log"), "{transcript}");
+    let settings = fs::read_to_string(m.state.join("settings.json")).unwrap();
+    assert!(
+        settings.contains("\"respect_gitignore\": true"),
+        "{settings}"
+    );
+}
+
 /// with-checkpoints around an edit that checkpoints first: nothing stays mounted, the
 /// status passes through, and a later mount of the same state dir rewinds the edit.
 #[test]
@@ -515,6 +550,28 @@ fn dry_run(opts: &str) -> Output {
         &["--dry-run", "/p/src", "/p/mnt", "-o", opts],
         Path::new("/"),
     )
+}
+
+#[test]
+fn mount_helper_translates_exclusion_options() {
+    let out = dry_run(
+        "state_dir=/s,respect_gitignore,exclude_from=/etc/cpfs-excludes,exclude_from=/x,exclude=target",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!(
+            "{BIN} mount /p/src /p/mnt --state-dir /s --respect-gitignore --exclude-from /etc/cpfs-excludes --exclude-from /x --exclude target\n"
+        )
+    );
+    let out = dry_run("no_respect_gitignore");
+    assert_eq!(
+        stdout(&out),
+        format!("{BIN} mount /p/src /p/mnt --no-respect-gitignore\n")
+    );
+    let out = dry_run("exclude_from=");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("needs a value"), "{}", stderr(&out));
 }
 
 #[test]

@@ -299,9 +299,11 @@ impl GitRules {
     /// The rule deciding `rel` by itself (its ancestors aside): the deepest `.gitignore`
     /// with a matching line, then `.git/info/exclude`, then the global file.
     fn decide_one(&self, rel: &str, is_dir: bool) -> Option<(bool, Rule)> {
-        let dirs = std::iter::once("").chain(ancestors(rel));
-        let dirs: Vec<&str> = dirs.collect();
-        for dir in dirs.iter().rev() {
+        let deepest_first = rel
+            .rmatch_indices('/')
+            .map(|(i, _)| &rel[..i])
+            .chain(std::iter::once(""));
+        for dir in deepest_first {
             if let Some(rules) = self.dir_rules(dir)
                 && let Some(d) = rules.decide(relative_to(rel, dir), is_dir)
             {
