@@ -370,6 +370,13 @@ fn file_len(path: &Path) -> io::Result<u64> {
     }
 }
 
+/// (device, inode) of `path`: tells whether a rename replaced it.
+fn file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
 fn replay_error(e: ReplayError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
@@ -435,10 +442,24 @@ impl History {
             return Ok(report);
         }
         if plan.drop > 0 {
-            rec.transcript.rewrite(plan.records.clone())?;
-            let (replayed, _) = replay(&plan.records);
-            let shift = st.first_kept + plan.drop;
-            adopt(&mut st, replayed, shift);
+            let old_file = file_id(&path)?;
+            let rewritten = rec.transcript.rewrite(plan.records.clone());
+            // The rewrite can fail after its rename (syncing the directory): the writer then
+            // appends to the new file, so memory must follow it either way.
+            let renamed = rewritten.is_ok() || file_id(&path).is_ok_and(|id| id != old_file);
+            if renamed {
+                let (replayed, _) = replay(&plan.records);
+                let shift = st.first_kept + plan.drop;
+                adopt(&mut st, replayed, shift);
+            }
+            if let Err(e) = rewritten {
+                let what = if renamed {
+                    "the transcript was compacted but no object was removed; run gc again"
+                } else {
+                    "nothing was changed"
+                };
+                return Err(io::Error::new(e.kind(), format!("gc: {e} ({what})")));
+            }
         }
         failpoint("gc-after-rename");
         sweep.run(&self.store, progress)?;
@@ -702,6 +723,38 @@ mod tests {
         // c was first tracked after c2 was taken: untouched by the base.
         assert_eq!(new.paths["c"].versions.len(), 2);
         assert!(!base.snapshot.tracked_file_backups.contains_key("c"));
+    }
+
+    /// The daemon's state after gc (the compacted records replayed, shifted back to the
+    /// daemon's checkpoint indices) answers every question about a kept checkpoint exactly
+    /// as the state before gc did, under the same index.
+    #[test]
+    fn adopted_state_keeps_indices_and_views_of_kept_checkpoints() {
+        let records = history();
+        let (before, _) = replay(&records);
+        let mut st = replay(&records).0;
+        let p = plan(records, Retention::Keep(2), at(T0)).unwrap();
+        adopt(&mut st, replay(&p.records).0, p.drop);
+        assert_eq!(st.first_kept, 1);
+        assert_eq!(st.kept().len(), 2);
+        assert_eq!(st.checkpoint_ids.get("c1"), None);
+        assert_eq!(st.checkpoint_ids["c2"], before.checkpoint_ids["c2"]);
+        assert_eq!(st.checkpoint_ids["c3"], before.checkpoint_ids["c3"]);
+        for k in 1..=2 {
+            for (path, h) in &before.paths {
+                let a = &h.versions[h.version_at(k) - 1].state;
+                let g = &st.paths[path];
+                assert_eq!(&g.versions[g.version_at(k) - 1].state, a, "{path} at {k}");
+                assert_eq!(g.dirty, h.dirty, "{path}");
+                assert_eq!(
+                    g.first_epoch <= k,
+                    h.first_epoch <= k,
+                    "{path} listed at {k}"
+                );
+            }
+        }
+        // A checkpoint taken next gets the next index, as before gc.
+        assert_eq!(st.checkpoints.len(), before.checkpoints.len());
     }
 
     #[test]
