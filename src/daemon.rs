@@ -80,7 +80,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             ),
         )
     })?;
-    info!("exclusions: {:?}", cfg.exclusions);
+    info!("exclusions: {}", history.exclusions().summary());
     let copier = {
         let h = history.clone();
         std::thread::Builder::new()

@@ -377,6 +377,12 @@ fn status_explains_each_path_and_lists_the_exclusion_sources() {
         stderr(&out)
     );
 
+    assert!(
+        m.daemon_log()
+            .contains("exclusions: --exclude 'target', gitignore on"),
+        "{}",
+        m.daemon_log()
+    );
     let out = cli(&["status", mnt]);
     let text = stdout(&out);
     assert!(text.contains("exclude:        'target'\n"), "{text}");

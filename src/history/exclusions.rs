@@ -412,6 +412,29 @@ impl Exclusions {
         &self.config
     }
 
+    /// One line for the daemon's log: `--exclude 'target', --exclude-from /x (2 patterns),
+    /// gitignore on`.
+    pub fn summary(&self) -> String {
+        let c = &self.config;
+        let mut parts: Vec<String> = c
+            .exclude
+            .iter()
+            .map(|p| format!("--exclude '{p}'"))
+            .collect();
+        parts.extend(c.exclude_from.iter().map(|f| {
+            format!(
+                "--exclude-from {} ({} patterns)",
+                f.file.display(),
+                f.patterns.len()
+            )
+        }));
+        parts.push(format!(
+            "gitignore {}",
+            if c.respect_gitignore { "on" } else { "off" }
+        ));
+        parts.join(", ")
+    }
+
     /// Why `rel` (relative to the mount root, not empty) is or is not excluded. `is_dir` is
     /// asked only when a git rule needs it (`build/` matches directories only).
     pub fn verdict(&self, rel: &str, is_dir: impl FnOnce() -> bool) -> Verdict {

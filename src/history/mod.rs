@@ -38,7 +38,9 @@
 //! `busy_cond`. One exception waits on the transcript writer while holding `state`: gc's
 //! flush and rewrite. That is safe because gc holds the epoch lock exclusively, so no
 //! checkpoint can queue a deferred record (the only writer work that takes `state`), and it
-//! flushes the ones already queued before it takes `state` (see `gc`).
+//! flushes the ones already queued before it takes `state` (see `gc`). The exclusion
+//! matchers' caches (`exclusions`) are leaf locks, never taken with `state` held and never
+//! one inside the other.
 pub mod exclusions;
 pub mod gc;
 pub mod logdiff;
