@@ -28,6 +28,12 @@ use crate::history::logdiff::DiffFormat;
 
 pub const SOCKET_NAME: &str = "control.sock";
 
+/// The protocol version this daemon speaks, sent in every response. 1 added the report
+/// formats (`json` on log, diff and status; `stat` on diff; `path_is_dir`) and `gc`. A daemon from
+/// before that sends none (read as 0) and ignores fields it does not know, answering in
+/// text: [`request`] refuses such an answer rather than pass text off as JSON.
+pub const PROTOCOL: u32 = 1;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum Request {
@@ -88,6 +94,27 @@ pub struct Response {
     /// Set only on progress lines, which come before the response proper.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// The daemon's [`PROTOCOL`]; 0 from a daemon that predates the field.
+    #[serde(default)]
+    pub protocol: u32,
+}
+
+impl Request {
+    /// The lowest daemon [`PROTOCOL`] that understands this request as meant.
+    fn protocol_needed(&self) -> u32 {
+        let formatted = match self {
+            Request::Log { json } => *json,
+            Request::Diff { stat, json, .. } => *stat || *json,
+            Request::Status {
+                json, path_is_dir, ..
+            } => *json || path_is_dir.is_some(),
+            // New with protocol 1: an older daemon refuses it anyway, as unknown.
+            Request::Gc { .. } => true,
+            // An older daemon only sends no progress lines.
+            Request::Checkpoint { .. } | Request::Flush | Request::Rewind { .. } => false,
+        };
+        if formatted { 1 } else { 0 }
+    }
 }
 
 impl Response {
@@ -95,6 +122,7 @@ impl Response {
         Response {
             ok: true,
             output,
+            protocol: PROTOCOL,
             ..Default::default()
         }
     }
@@ -104,6 +132,7 @@ impl Response {
             ok: false,
             error: e.to_string(),
             errno: e.raw_os_error(),
+            protocol: PROTOCOL,
             ..Default::default()
         }
     }
@@ -216,6 +245,7 @@ fn serve_connection(
         Err(e) => Response {
             ok: false,
             error: format!("bad control request: {e}"),
+            protocol: PROTOCOL,
             ..Default::default()
         },
     };
@@ -348,7 +378,76 @@ pub fn request_with_progress(
         })?;
         match &response.progress {
             Some(text) => on_progress(text),
+            None if response.protocol < req.protocol_needed() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "the daemon at {} runs an older checkpointfs, which does not know \
+                         this option (--json, --stat or a directory --path); unmount and \
+                         mount again with this checkpointfs to use it",
+                        path.display()
+                    ),
+                ));
+            }
             None => return Ok(response),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A daemon that answers every connection with `answer`; the requests it got.
+    fn fake_daemon(dir: &Path, answer: String) -> JoinHandle<Vec<String>> {
+        let listener = UnixListener::bind(dir.join(SOCKET_NAME)).unwrap();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (stream, _) = listener.accept().unwrap();
+                let mut line = String::new();
+                BufReader::new(&stream).read_line(&mut line).unwrap();
+                got.push(line);
+                (&stream).write_all(answer.as_bytes()).unwrap();
+            }
+            got
+        })
+    }
+
+    #[test]
+    fn a_daemon_that_predates_the_formats_is_refused_for_them_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = fake_daemon(
+            dir.path(),
+            "{\"ok\":true,\"output\":\"m1  2025\\n\"}\n".to_string(),
+        );
+        let plain = request(dir.path(), &Request::Log { json: false }).unwrap();
+        assert_eq!(plain.output, "m1  2025\n");
+        let err = request(dir.path(), &Request::Log { json: true }).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        assert!(
+            err.to_string().contains("runs an older checkpointfs"),
+            "{err}"
+        );
+        let got = old.join().unwrap();
+        assert_eq!(got[1], "{\"cmd\":\"log\",\"json\":true}\n");
+    }
+
+    #[test]
+    fn this_daemon_answers_with_its_protocol() {
+        let dir = tempfile::tempdir().unwrap();
+        let answer = serde_json::to_string(&Response::ok("{}".into())).unwrap() + "\n";
+        let new = fake_daemon(dir.path(), answer);
+        let diff = Request::Diff {
+            from: "m1".into(),
+            to: None,
+            stat: true,
+            json: true,
+        };
+        assert_eq!(request(dir.path(), &diff).unwrap().protocol, PROTOCOL);
+        let err = Response::err(&io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(err.protocol, PROTOCOL);
+        assert!(request(dir.path(), &Request::Flush).is_ok());
+        new.join().unwrap();
     }
 }

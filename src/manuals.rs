@@ -27,7 +27,7 @@ pub fn completions(shell: Shell) -> i32 {
 pub fn man(dir: Option<&Path>) -> i32 {
     let Some(dir) = dir else {
         let mut page = Vec::new();
-        if let Err(e) = clap_mangen::Man::new(Cli::command()).render(&mut page) {
+        if let Err(e) = page_of(Cli::command()).render(&mut page) {
             eprintln!("checkpointfs: cannot render the man page: {e}");
             return EXIT_FAILURE;
         }
@@ -55,16 +55,22 @@ fn write_man_pages(dir: &Path) -> io::Result<Vec<String>> {
     // Building gives each subcommand its display name, `checkpointfs-SUBCOMMAND`, which
     // names its page.
     cmd.build();
-    let mut pages = vec![clap_mangen::Man::new(cmd.clone())];
+    let mut pages = vec![page_of(cmd.clone())];
     pages.extend(
         cmd.get_subcommands()
             .filter(|s| !s.is_hide_set())
-            .map(|s| clap_mangen::Man::new(s.clone())),
+            .map(|s| page_of(s.clone())),
     );
     pages
         .iter()
         .map(|page| page.generate_to(dir).map(|p| p.display().to_string()))
         .collect()
+}
+
+/// The page of `cmd`, its footer naming the program (clap_mangen would name the
+/// subcommand: "umount 0.1.0").
+fn page_of(cmd: clap::Command) -> clap_mangen::Man {
+    clap_mangen::Man::new(cmd).source(format!("{BIN_NAME} {}", env!("CARGO_PKG_VERSION")))
 }
 
 fn write_stdout(bytes: &[u8], what: &str) -> i32 {

@@ -192,6 +192,10 @@ fn man_dir_writes_one_page_per_subcommand_that_man_renders() {
             .expect("every subcommand has an about")
             .to_string();
         assert!(text.contains("NAME"), "{text}");
+        assert!(
+            text.contains(&format!("checkpointfs {}", env!("CARGO_PKG_VERSION"))),
+            "the footer names the program: {text}"
+        );
         assert!(text.contains(&about), "{about:?} not in:\n{text}");
     }
 }
