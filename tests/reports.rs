@@ -357,3 +357,40 @@ fn json_errors_go_to_stderr_and_print_no_json() {
     assert_eq!(log["checkpoints"], serde_json::json!([]));
     assert!(log["uncheckpointed"]["since"].is_null());
 }
+
+#[test]
+fn diff_stat_and_json_show_type_changes_and_directory_modes() {
+    let mut m = TestMount::unmounted(&[]);
+    fs::write(m.src.join("was-file"), "one\ntwo\n").unwrap();
+    fs::create_dir(m.src.join("dir")).unwrap();
+    fs::set_permissions(m.src.join("dir"), fs::Permissions::from_mode(0o755)).unwrap();
+    m.mount();
+    m.ctl("before").unwrap();
+    sh(&m, "rm was-file && ln -s target was-file && chmod 700 dir");
+    let mnt = m.mnt.to_str().unwrap();
+    assert_eq!(
+        ok(&["diff", mnt, "before", "--stat"]),
+        " dir      | 0
+ was-file | 3 +--
+ 2 files changed, 1 insertion(+), 2 deletions(-)
+ mode change 0755 => 0700 dir
+ type change file 0644 => symlink 0777 was-file
+"
+    );
+    let d = json(&["diff", mnt, "before", "--json"]);
+    let f = file(&d, "was-file");
+    assert_eq!(f["change"], "modified");
+    assert_eq!(f["before"]["type"], "file");
+    assert_eq!(f["after"]["type"], "symlink");
+    assert_eq!(f["after"]["target"], "target");
+    assert_eq!(f["content"], "text");
+    let dir = file(&d, "dir");
+    assert_eq!(dir["content"], "none");
+    assert_eq!(
+        (
+            dir["before"]["mode"].as_str(),
+            dir["after"]["mode"].as_str()
+        ),
+        (Some("0755"), Some("0700"))
+    );
+}

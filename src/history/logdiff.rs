@@ -645,16 +645,18 @@ fn render_stat(report: &DiffReport) -> String {
                 let _ = writeln!(out, " delete {} {} {}", kind(old), old.mode, f.path);
             }
             (Some(old), Some(new)) => {
+                // One line per path; a type change names both modes (a symlink's is 0777).
                 if old.kind != new.kind {
                     let _ = writeln!(
                         out,
-                        " type change {} => {} {}",
+                        " type change {} {} => {} {} {}",
                         kind(old),
+                        old.mode,
                         kind(new),
+                        new.mode,
                         f.path
                     );
-                }
-                if old.mode != new.mode {
+                } else if old.mode != new.mode {
                     let _ = writeln!(out, " mode change {} => {} {}", old.mode, new.mode, f.path);
                 }
             }
