@@ -383,7 +383,13 @@ fn gc_twice_is_idempotent_and_dry_run_changes_nothing() {
     assert_eq!(transcript(&m), transcript_before);
     assert_eq!(at_list(&m), ids(1..=12));
 
+    // Browsed before gc, so the kernel has the entries cached: they must go with it.
+    let dropped_file = m.mnt.join(".checkpoint/at/msg-2/small.txt");
+    assert_eq!(fs::read(&dropped_file).unwrap(), b"small 1\n");
     gc(&m, &["--keep", "4"]);
+    assert!(fs::symlink_metadata(m.mnt.join(".checkpoint/at/msg-2")).is_err());
+    assert!(fs::symlink_metadata(&dropped_file).is_err());
+    assert!(fs::read(&dropped_file).is_err());
     let (store_once, transcript_once) = (store_objects(&m.state), transcript(&m));
     assert_eq!(store_once, objects_for(9, 12, 12));
     let again = gc(&m, &["--keep", "4"]);

@@ -37,7 +37,8 @@ const AT_DIR: u64 = VIRTUAL_BIT | 4;
 const FIRST_VIEW_INO: u64 = VIRTUAL_BIT | 16;
 
 /// Views never change once taken, so the kernel may cache them as long as it likes; the
-/// control entries change (new checkpoints), so they are never cached.
+/// control entries change (new checkpoints), so they are never cached, nor is `at/<id>`
+/// (gc can drop the checkpoint).
 const VIEW_TTL: Duration = Duration::from_secs(86400);
 const CONTROL_TTL: Duration = Duration::ZERO;
 
@@ -231,6 +232,9 @@ impl VirtualTree {
                     .history()
                     .checkpoint_index(id)
                     .ok_or_else(|| errno(libc::ENOENT))?;
+                // `at/<id>` itself can disappear (gc drops the checkpoint), so the kernel
+                // must ask again each time; a path walk into a view then fails as soon as its
+                // checkpoint is gone, whatever it cached below it.
                 self.view_child(
                     fs,
                     ViewKey {
@@ -238,6 +242,10 @@ impl VirtualTree {
                         rel: Vec::new(),
                     },
                 )
+                .map(|entry| Entry {
+                    ttl: CONTROL_TTL,
+                    ..entry
+                })
             }
             CTL | STATE_DIR_FILE => Err(errno(libc::ENOTDIR)),
             _ => {
