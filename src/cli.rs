@@ -370,7 +370,7 @@ pub struct GcArgs {
     #[arg(short = 'n', long)]
     pub dry_run: bool,
 
-    /// Print the report as JSON (schema checkpointfs.gc/1, see docs/usage.md)
+    /// Print the report as JSON (schema "checkpointfs.gc/1", see docs/json-output.md)
     #[arg(long)]
     pub json: bool,
 }
