@@ -1177,7 +1177,15 @@ fn record_mount(mountpoint: &Path, state_dir: &Path) -> io::Result<()> {
     let tmp = dir.join(format!(".tmp-{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
     std::os::unix::fs::symlink(state_dir, &tmp)?;
-    fs::rename(&tmp, &entry)
+    fs::rename(&tmp, &entry)?;
+    // Records whose state dir was removed can never answer anything: drop them, so that the
+    // registry stays as small as the set of state dirs that exist.
+    for e in fs::read_dir(dir)?.flatten() {
+        if fs::metadata(e.path()).is_err_and(|err| err.kind() == io::ErrorKind::NotFound) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    Ok(())
 }
 
 /// The state dir recorded for `mountpoint`, if its `mountpoint` file still names it (a

@@ -821,3 +821,46 @@ fn checkpoint_command() {
     let e = t.ctl("m2").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
 }
+
+#[test]
+fn the_record_of_mounts_follows_xdg_runtime_dir_and_drops_stale_records() {
+    let mut t = TestMount::unmounted(&[]);
+    let runtime = t.root().join("runtime");
+    let registry = runtime.join("checkpointfs/mounts");
+    fs::create_dir_all(&registry).unwrap();
+    symlink(t.root().join("removed-state"), registry.join("stale")).unwrap();
+    t.set_env("XDG_RUNTIME_DIR", runtime.to_str().unwrap());
+    t.mount();
+    let records: Vec<PathBuf> = fs::read_dir(&registry)
+        .unwrap()
+        .map(|e| fs::read_link(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(
+        records,
+        vec![t.state.clone()],
+        "the stale record is dropped"
+    );
+    t.umount();
+
+    let umount_with_runtime = |runtime: &Path| {
+        Command::new(BIN)
+            .args(["umount".as_ref(), os(&t.mnt)])
+            .env("XDG_RUNTIME_DIR", runtime)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    assert_exit(
+        &umount_with_runtime(&runtime),
+        3,
+        "is already unmounted; its daemon has exited",
+    );
+    // Another registry knows nothing of it: "not a checkpointfs mount".
+    let other = t.root().join("other-runtime");
+    fs::create_dir(&other).unwrap();
+    assert_exit(
+        &umount_with_runtime(&other),
+        2,
+        "is not a checkpointfs mount",
+    );
+}
