@@ -83,11 +83,13 @@ fn recorded(transcript: &str, rel: &str) -> bool {
     transcript.contains(&format!("\"{rel}\":"))
 }
 
-/// `status MNT --path P` (its last line, the answer for P).
+/// `status MNT --path P`: one line, the answer for P.
 fn status_path(m: &TestMount, p: &str) -> String {
     let out = cli(&["status", m.mnt.to_str().unwrap(), "--path", p]);
     assert!(out.status.success(), "status --path {p}: {}", stderr(&out));
-    stdout(&out).lines().last().unwrap_or_default().to_string()
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "status --path {p}: {text}");
+    text.trim_end().to_string()
 }
 
 fn status_json(args: &[&str]) -> Value {

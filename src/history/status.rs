@@ -294,8 +294,14 @@ impl StatusReport {
         Ok(s)
     }
 
+    /// The whole status, or with `--path` only the answer for that path (one line, so a
+    /// script can use it as it is; `--json` has both).
     pub fn to_text(&self) -> String {
         let mut out = String::new();
+        if let Some(p) = &self.path {
+            let _ = writeln!(out, "{}", p.text);
+            return out;
+        }
         let mount = match (self.mounted, self.daemon_pid) {
             (true, Some(pid)) => format!("live (daemon pid {pid})"),
             (true, None) => "live".to_string(),
@@ -328,9 +334,6 @@ impl StatusReport {
         );
         let _ = writeln!(out, "pending copies: {}", self.pending_copies);
         self.exclusions_text(&mut out);
-        if let Some(p) = &self.path {
-            let _ = writeln!(out, "{}", p.text);
-        }
         out
     }
 
