@@ -109,6 +109,9 @@ fn a_rewind_is_undone_by_rewinding_to_the_saved_state() {
         .unwrap_or_else(|| panic!("no saved id in {out:?}"))
         .to_string();
     assert_ne!(tree_listing(&m.mnt), before);
+    // The rewind's own changes are attributed to checkpointfs, not to a daemon thread.
+    let log = stdout(&cli(&["log", m.mnt.to_str().unwrap()]));
+    assert!(log.contains("M a.txt  (by checkpointfs)"), "{log}");
     rewind(&m, &saved, &[]);
     assert_eq!(tree_listing(&m.mnt), before);
 }

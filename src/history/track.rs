@@ -335,9 +335,17 @@ fn comm_of(pid: u32) -> String {
     {
         return comm.clone();
     }
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_string())
-        .unwrap_or_default();
+    // FUSE names the calling thread. A rewind writes through the mount from one of the
+    // daemon's own threads, whose name ("control-conn") says nothing about the change.
+    let ours = pid == std::process::id()
+        || std::path::Path::new(&format!("/proc/self/task/{pid}")).exists();
+    let comm = if ours {
+        "checkpointfs".to_string()
+    } else {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default()
+    };
     if map.len() > 4096 {
         map.retain(|_, (_, at)| now.duration_since(*at) < FRESH);
     }
