@@ -2085,54 +2085,27 @@ fn writes_by_others_clear_setuid_and_setgid(args: &[&str]) {
             );
         }
     }
-    // chgrp by the owner to a group they are in: setgid without group-execute survives only
-    // for a member of the old group; with group-execute it is always cleared.
-    let out = run(
-        "sh",
-        &["-c", "echo f > chg && chown 65534:0 chg && chmod 2674 chg"],
-        &dir,
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let out = run(
-        "setpriv",
-        &[
+    // chgrp by the owner (not in the old group 0) to their own group: setgid with
+    // group-execute is always cleared (by the backing filesystem), and without it too — the
+    // one case the daemon's own chown (as root) would not clear.
+    for (name, mode, expected) in [("chg", 0o2674, 0o674), ("chg2", 0o2664, 0o664)] {
+        let script = format!("echo f > {name} && chown 65534:0 {name} && chmod {mode:o} {name}");
+        let out = run("sh", &["-c", &script], &dir);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let as_owner = [
             "--reuid=65534",
             "--regid=65534",
             "--groups=65534",
             "chgrp",
             "65534",
-            "chg",
-        ],
-        &dir,
-    );
-    assert!(out.status.success(), "chgrp: {}", stderr(&out));
-    assert_eq!(lstat(&m.src.join("bits/chg")).st_mode & 0o7777, 0o674);
-    assert_eq!(lstat(&m.src.join("bits/chg")).st_gid, 65534);
-    // Without group-execute, an owner outside the old group loses setgid too — the one
-    // case the daemon's own chown (as root) would not clear.
-    let out = run(
-        "sh",
-        &[
-            "-c",
-            "echo f > chg2 && chown 65534:0 chg2 && chmod 2664 chg2",
-        ],
-        &dir,
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let out = run(
-        "setpriv",
-        &[
-            "--reuid=65534",
-            "--regid=65534",
-            "--groups=65534",
-            "chgrp",
-            "65534",
-            "chg2",
-        ],
-        &dir,
-    );
-    assert!(out.status.success(), "chgrp: {}", stderr(&out));
-    assert_eq!(lstat(&m.src.join("bits/chg2")).st_mode & 0o7777, 0o664);
+            name,
+        ];
+        let out = run("setpriv", &as_owner, &dir);
+        assert!(out.status.success(), "chgrp {name}: {}", stderr(&out));
+        let st = lstat(&m.src.join("bits").join(name));
+        assert_eq!(st.st_mode & 0o7777, expected, "{name} after chgrp");
+        assert_eq!(st.st_gid, 65534, "{name} after chgrp");
+    }
 }
 
 // ---- logging ---------------------------------------------------------------------------

@@ -280,14 +280,7 @@ impl PassthroughFs {
                 None => mutate::utimens(&permit, inode.fd.as_raw_fd(), &times)?,
             }
         }
-        if to_drop != 0 {
-            let st = sys::fstat(inode.fd.as_fd())?;
-            mutate::chmod(
-                &permit,
-                inode.fd.as_raw_fd(),
-                st.st_mode & 0o7777 & !to_drop,
-            )?;
-        }
+        Self::drop_privs(&permit, &inode, to_drop)?;
         drop(permit);
         let st = sys::fstat(inode.fd.as_fd())?;
         Ok((attr_from_stat(ino, &st), TTL))
@@ -306,6 +299,16 @@ impl PassthroughFs {
             return Ok(0);
         }
         Ok(rule(st.st_mode, st.st_gid, &privs::Privilege::of(caller)))
+    }
+
+    /// Clears `bits` from the mode `inode` has now (a chown may already have cleared some
+    /// of them: re-applying the mode seen before it would set them again).
+    fn drop_privs(permit: &gate::Permit<'_>, inode: &Inode, bits: u32) -> io::Result<()> {
+        if bits == 0 {
+            return Ok(());
+        }
+        let st = sys::fstat(inode.fd.as_fd())?;
+        mutate::chmod(permit, inode.fd.as_raw_fd(), st.st_mode & 0o7777 & !bits)
     }
 
     pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
@@ -657,10 +660,7 @@ impl PassthroughFs {
         let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
         if kill_suidgid {
             let to_drop = self.privs_to_drop(caller, &f.inode, privs::to_drop_on_write)?;
-            if to_drop != 0 {
-                let st = sys::fstat(f.fd.as_fd())?;
-                mutate::fchmod(&permit, f.fd.as_fd(), st.st_mode & 0o7777 & !to_drop)?;
-            }
+            Self::drop_privs(&permit, &f.inode, to_drop)?;
         }
         let mut written = 0;
         while written < data.len() {
