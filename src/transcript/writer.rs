@@ -227,6 +227,9 @@ impl TranscriptWriter {
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
         tx.send(msg(reply_tx)).map_err(|_| stopped())?;
+        if let Some(h) = &self.handle {
+            h.thread().unpark();
+        }
         reply_rx.recv().map_err(|_| stopped())?
     }
 
@@ -294,15 +297,24 @@ impl Worker {
             // Nobody waits on this: Layer 1 durability comes from the store journal, and a
             // flush request ends the gathering at once.
             let deadline = std::time::Instant::now() + GATHER_WINDOW;
-            while self.pending.len() < MAX_BATCH_BYTES && waiters.is_empty() {
+            loop {
+                while self.pending.len() < MAX_BATCH_BYTES && waiters.is_empty() {
+                    match rx.try_recv() {
+                        Ok(msg) => self.handle(msg, &mut waiters),
+                        Err(_) => break,
+                    }
+                }
+                if self.pending.len() >= MAX_BATCH_BYTES || !waiters.is_empty() {
+                    break;
+                }
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
                     break;
                 }
-                match rx.recv_timeout(left) {
-                    Ok(msg) => self.handle(msg, &mut waiters),
-                    Err(_) => break,
-                }
+                // Parked, not blocked on the channel: an append does not wake this thread
+                // (one wake-up per batch, not per record, on a machine whose cores the FUSE
+                // threads need); `request` unparks it, so a flush ends the gathering at once.
+                std::thread::park_timeout(left);
             }
             while self.pending.len() < MAX_BATCH_BYTES {
                 match rx.try_recv() {
