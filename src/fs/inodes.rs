@@ -189,20 +189,26 @@ impl InodeTable {
         }
         let mut inner = self.write();
         let Some(inode) = inner.by_ino.get(&ino) else {
+            drop(inner);
             log::warn!("forget of unknown inode {ino}");
             return;
         };
         let prev = inode.lookups.load(Ordering::Relaxed);
         let now = prev.saturating_sub(n);
         inode.lookups.store(now, Ordering::Relaxed);
-        if now == 0 {
-            let key = inode.key;
-            inner.by_ino.remove(&ino);
-            // Only remove the key mapping if it still points at this entry.
-            if inner.by_key.get(&key) == Some(&ino) {
-                inner.by_key.remove(&key);
-            }
+        if now > 0 {
+            return;
         }
+        let key = inode.key;
+        let gone = inner.by_ino.remove(&ino);
+        // Only remove the key mapping if it still points at this entry.
+        if inner.by_key.get(&key) == Some(&ino) {
+            inner.by_key.remove(&key);
+        }
+        drop(inner);
+        // The fd closes here (unless a request still holds the inode), outside the lock: the
+        // kernel sends forgets by the thousand when it drops its caches, while lookups wait.
+        drop(gone);
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {

@@ -163,12 +163,10 @@ impl PassthroughFs {
 
     fn lookup_in(&self, parent: &Inode, name: &OsStr) -> io::Result<Entry> {
         with_name(name, |c| {
-            let st = sys::fstatat(parent.fd.as_fd(), c, libc::AT_SYMLINK_NOFOLLOW)?;
-            if let Some(inode) = self.inodes.lookup_known(inodes::ObjectKey::of(&st)) {
-                return Ok(self.entry(&inode, &st));
-            }
+            // Open first, then stat the fd: two syscalls for an object not yet in the table
+            // (the common case: a tree seen for the first time, or after the kernel dropped
+            // its caches), and the stat is of the object we hold, whatever the name is now.
             let fd = sys::openat(parent.fd.as_fd(), c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-            // Stat the fd itself: the name may have been replaced since the fstatat.
             let st = sys::fstat(fd.as_fd())?;
             let inode = self.inodes.lookup_or_insert(fd, &st);
             Ok(self.entry(&inode, &st))
