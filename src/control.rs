@@ -12,6 +12,7 @@
 //! under a log reading it. Checkpoint and flush do not take it.
 //! Lock order: maintenance → the gate's epoch lock → `History::state` (see `history`).
 use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,6 +142,10 @@ impl Response {
 pub struct ControlServer {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
+    /// A second descriptor of the listening socket, to wake the accept loop with
+    /// `shutdown` (a throwaway connection would need the socket's path, which someone may
+    /// have deleted).
+    listener: UnixListener,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -148,8 +153,9 @@ impl ControlServer {
     /// Stops accepting requests and removes the socket.
     pub fn stop(mut self) {
         self.stopping.store(true, Ordering::Relaxed);
-        // Wake the accept loop with a throwaway connection.
-        let _ = UnixStream::connect(&self.path);
+        // Makes the blocked accept fail (EINVAL), after which the loop sees `stopping`.
+        // SAFETY: shutdown on a descriptor we own.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -165,6 +171,7 @@ pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<Co
     }
     let listener = UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let listener_handle = listener.try_clone()?;
     let stopping = Arc::new(AtomicBool::new(false));
     let stop = stopping.clone();
     let maintenance = Arc::new(RwLock::new(()));
@@ -199,6 +206,7 @@ pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<Co
     Ok(ControlServer {
         path,
         stopping,
+        listener: listener_handle,
         thread: Some(thread),
     })
 }

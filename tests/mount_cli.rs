@@ -864,3 +864,12 @@ fn the_record_of_mounts_follows_xdg_runtime_dir_and_drops_stale_records() {
         "is not a checkpointfs mount",
     );
 }
+
+/// Shutting down does not depend on the control socket's path: a daemon whose socket was
+/// deleted from the state dir still exits when unmounted.
+#[test]
+fn umount_ends_the_daemon_even_without_its_control_socket() {
+    let mut m = TestMount::new();
+    fs::remove_file(m.state.join("control.sock")).unwrap();
+    m.umount();
+}
