@@ -179,9 +179,18 @@ pub struct MountArgs {
     #[arg(short = 'f', long)]
     pub foreground: bool,
 
-    /// Number of threads serving filesystem requests [default: number of CPUs]
+    /// Number of threads reading requests from /dev/fuse [default: number of CPUs]. With
+    /// FUSE over io_uring these serve only forgets, interrupts and the requests before the
+    /// rings are up; each CPU's io_uring queue has its own two threads
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub threads: Option<usize>,
+
+    /// Do not use FUSE over io_uring (Linux 6.14+): read requests from /dev/fuse instead.
+    /// Without this flag checkpointfs uses io_uring whenever the kernel offers it, and when
+    /// running as root it switches on the fuse module's `enable_uring` parameter, which is
+    /// off by default (it only lets FUSE servers that ask for io_uring use it)
+    #[arg(long)]
+    pub no_io_uring: bool,
 
     /// Do not use the kernel's FUSE passthrough for open files: every read and write then
     /// goes through the daemon (slower; for debugging or kernels without passthrough)
@@ -1105,6 +1114,7 @@ fn mount(a: MountArgs) -> i32 {
         state_dir: paths.state_dir,
         threads,
         passthrough: !a.no_passthrough,
+        io_uring: !a.no_io_uring,
         allow_other: a.allow_other,
         exclusions,
     };

@@ -53,7 +53,7 @@ impl Channel {
     pub(crate) fn sender(&self) -> ChannelSender {
         // Since write/writev syscalls are threadsafe, we can simply create
         // a sender by using the same file and use it in other threads.
-        ChannelSender(self.0.clone())
+        ChannelSender(self.0.clone(), None)
     }
 
     /// Clone the FUSE device fd using FUSE_DEV_IOC_CLONE ioctl.
@@ -80,10 +80,24 @@ impl Channel {
 }
 
 #[derive(Clone, Debug)]
-pub(crate) struct ChannelSender(Arc<DevFuse>);
+pub(crate) struct ChannelSender(Arc<DevFuse>, Option<Arc<crate::uring::ReplySlot>>);
 
 impl ChannelSender {
+    /// A sender whose replies go to an io_uring ring entry instead of `writev` on the
+    /// device (notifications and backing-file ioctls still use the device).
+    pub(crate) fn for_uring(dev: Arc<DevFuse>, slot: Arc<crate::uring::ReplySlot>) -> Self {
+        ChannelSender(dev, Some(slot))
+    }
+
+    pub(crate) fn device(&self) -> Arc<DevFuse> {
+        self.0.clone()
+    }
+
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
+        if let Some(slot) = &self.1 {
+            slot.fill(bufs);
+            return Ok(());
+        }
         let rc = nix::sys::uio::writev(&self.0, bufs)?;
         // writev is atomic, so do not need to check how many bytes are written.
         // libfuse does not do it either

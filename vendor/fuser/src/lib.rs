@@ -4,6 +4,7 @@
 //! advantage of Rust's architecture. The only thing we rely on in the real libfuse are mount
 //! and unmount calls which are needed to establish a fd to talk to the kernel driver.
 
+#![allow(dead_code)] // vendored: fuser declares ABI structs it does not use yet (capped as a registry dependency)
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -101,6 +102,7 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

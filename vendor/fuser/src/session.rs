@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Set by the handshake when the kernel agreed to FUSE over io_uring: the payload size
+    /// every ring entry must be able to hold.
+    pub(crate) uring_payload: Option<usize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -185,6 +188,7 @@ impl<FS: Filesystem> Session<FS> {
             allowed: options.acl,
             session_owner: geteuid(),
             proto_version: None,
+            uring_payload: None,
             config: options.clone(),
         };
 
@@ -213,6 +217,7 @@ impl<FS: Filesystem> Session<FS> {
             allowed: acl,
             session_owner: geteuid(),
             proto_version: None,
+            uring_payload: None,
             config,
         };
 
@@ -252,6 +257,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +292,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let ch_for_uring = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -304,6 +311,17 @@ impl<FS: Filesystem> Session<FS> {
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
+        }
+
+        if let Some(payload) = uring_payload {
+            let event_loop = SessionEventLoop {
+                thread_name: String::new(),
+                filesystem: filesystem.clone(),
+                ch: ch_for_uring,
+                allowed,
+                session_owner,
+            };
+            threads.extend(crate::uring::spawn_queues(event_loop, payload)?);
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -468,6 +486,11 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_readahead,
                 config.max_write
             );
+
+            if (init.capabilities() & config.requested).contains(InitFlags::FUSE_OVER_IO_URING) {
+                let pages = config.max_pages() as usize * page_size::get();
+                self.uring_payload = Some(8192.max(config.max_write as usize).max(pages));
+            }
 
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
