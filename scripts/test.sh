@@ -205,7 +205,8 @@ if [[ $QUICK == 0 ]]; then
         posix dev-fuse-passthrough --no-io-uring
     step "posix dev-fuse-no-passthrough" "pjdfstest regression vs ext4 or fsx failure (--no-io-uring --no-passthrough); log $LOGDIR/posix-dev-fuse-no-passthrough.log" \
         posix dev-fuse-no-passthrough --no-io-uring --no-passthrough
-    for m in passthrough no-passthrough dev-fuse-passthrough dev-fuse-no-passthrough; do
+    POSIX_MODES=(passthrough no-passthrough dev-fuse-passthrough dev-fuse-no-passthrough)
+    for m in "${POSIX_MODES[@]}"; do
         # shellcheck disable=SC1090
         ( source "$LOGDIR/posix-$m.env"; echo "$MOUNT_PASS $MOUNT_FAIL $MOUNT_SKIP $FSX_OK $BASE_PASS $BASE_FAIL $BASE_SKIP" ) \
             > "$LOGDIR/posix-$m.counts"
@@ -223,7 +224,7 @@ echo
 echo "test.sh: all steps passed (${STEPS_DONE[*]}) in $(secs "$T_START" "$EPOCHREALTIME") s"
 echo "cargo test: $T_PASS passed, $T_FAIL failed, $T_IGN ignored"
 if [[ $QUICK == 0 ]]; then
-    echo "posix: pjdfstest $P_PASS passed on the mounts, $P_TOL tolerated failures (known exceptions or failing on ext4 too), $P_SKIP skipped; fsx $FSX_OK/4 runs clean"
+    echo "posix: pjdfstest $P_PASS passed on the mounts, $P_TOL tolerated failures (known exceptions or failing on ext4 too), $P_SKIP skipped; fsx $FSX_OK/$((2 * ${#POSIX_MODES[@]})) runs clean"
 fi
 # Closing line: every test counted above (tolerated pjdfstest failures count as skipped).
 echo "total: $((T_PASS + P_PASS + FSX_OK)) passed, $T_FAIL failed, $((T_IGN + P_TOL + P_SKIP)) skipped"
