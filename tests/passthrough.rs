@@ -72,6 +72,7 @@ both_modes!(
     forgets_after_drop_caches,
     readdir_2000_entries,
     control_dir_is_hidden_and_protected,
+    concurrent_clients,
     control_dir_shadows_source_entry,
     real_tools_cp_tar_sed_python,
     git_in_the_mount,
@@ -2201,4 +2202,54 @@ fn io_uring_transport_is_used_where_available() {
         "{}",
         m.daemon_log()
     );
+}
+
+/// Eight threads at once, each creating, writing (sizes up to 1 MiB, so replies and payloads
+/// of every size cross the transport), reading back, renaming, listing and deleting its own
+/// files, while the mount's queues serve them all: every byte must come back as written and
+/// SRC must end up as the threads left it.
+fn concurrent_clients(args: &[&str]) {
+    let m = TestMount::with_args(args);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let dir = m.mnt.join(format!("t{t}"));
+            std::thread::spawn(move || {
+                fs::create_dir(&dir).unwrap();
+                for i in 0..40u32 {
+                    let len = [0usize, 1, 4095, 4096, 65_537, 1 << 20][(i % 6) as usize];
+                    let data: Vec<u8> = (0..len).map(|k| (k as u32 ^ i ^ (t << 8)) as u8).collect();
+                    let p = dir.join(format!("f{i}"));
+                    fs::write(&p, &data).unwrap();
+                    assert_eq!(fs::read(&p).unwrap(), data, "{}", p.display());
+                    let q = dir.join(format!("g{i}"));
+                    fs::rename(&p, &q).unwrap();
+                    assert_eq!(fs::metadata(&q).unwrap().len(), len as u64);
+                    if i % 2 == 0 {
+                        fs::remove_file(&q).unwrap();
+                    }
+                    // The odd-numbered files stay.
+                    assert_eq!(
+                        fs::read_dir(&dir).unwrap().count(),
+                        (i as usize).div_ceil(2)
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a client thread failed");
+    }
+    for t in 0..8 {
+        let mut names: Vec<String> = fs::read_dir(m.src.join(format!("t{t}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let mut want: Vec<String> = (0..40)
+            .filter(|i| i % 2 == 1)
+            .map(|i| format!("g{i}"))
+            .collect();
+        want.sort();
+        assert_eq!(names, want, "t{t}");
+    }
 }

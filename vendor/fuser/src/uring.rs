@@ -51,6 +51,11 @@ const PREFIX: usize = 4096;
 /// Threads (each with one ring entry) per CPU queue: a request that blocks for a while
 /// (the first write to a large file waits for its backup) holds up only one of them.
 const THREADS_PER_QUEUE: usize = 2;
+/// How many times a thread replaces an entry whose command the kernel failed before it
+/// gives up (never seen; a bound against a loop).
+const MAX_FRESH_ENTRIES: usize = 64;
+const REGISTER_TAG: u64 = 1;
+const COMMIT_TAG: u64 = 2;
 
 /// `struct fuse_uring_ent_in_out`.
 #[repr(C)]
@@ -331,26 +336,35 @@ fn serve_queue<FS: Filesystem>(
         .setup_single_issuer()
         .setup_defer_taskrun()
         .build(4)?;
-    let register = uring_cmd(
-        dev_fd,
-        FUSE_IO_URING_CMD_REGISTER,
-        &CmdReq {
-            flags: 0,
-            commit_id: 0,
-            qid,
-            padding: [0; 6],
-        },
-        Some(entry.iov.as_ptr() as u64),
-        0,
-    );
-    // SAFETY: the entry's buffers outlive the ring (both dropped at the end of this fn,
-    // the ring first, which cancels the command).
-    unsafe { ring.submission().push(&register) }.map_err(|_| io::Error::other("SQ full"))?;
+    let cmd = |commit_id| CmdReq {
+        flags: 0,
+        commit_id,
+        qid,
+        padding: [0; 6],
+    };
+    let register = |ring: &mut IoUring<squeue::Entry128, cqueue::Entry>, entry: &Entry| {
+        let sqe = uring_cmd(
+            dev_fd,
+            FUSE_IO_URING_CMD_REGISTER,
+            &cmd(0),
+            Some(entry.iov.as_ptr() as u64),
+            REGISTER_TAG,
+        );
+        // SAFETY: the entry's buffers outlive the command (see `entry` above; replaced
+        // entries are leaked, not freed).
+        unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("SQ full"))
+    };
+    register(&mut ring, &entry)?;
+    let mut served_any = false;
+    let mut fresh_entries = 0;
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) => return Err(e),
+            Err(e) => {
+                error!("io_uring queue {qid}: {e}; this thread stops serving");
+                return Err(e);
+            }
         }
         let Some(cqe) = ring.completion().next() else {
             continue;
@@ -358,17 +372,40 @@ fn serve_queue<FS: Filesystem>(
         let res = cqe.result();
         if res < 0 {
             let err = io::Error::from_raw_os_error(-res);
-            return match -res {
+            match -res {
                 libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {
                     debug!("io_uring queue {qid}: session ended ({err})");
-                    Ok(())
+                    return Ok(());
+                }
+                _ if cqe.user_data() == REGISTER_TAG && !served_any => {
+                    // The kernel then stays on /dev/fuse (it needs every queue), which works.
+                    warn!(
+                        "io_uring queue {qid}: registration refused ({err}); requests go through /dev/fuse"
+                    );
+                    return Ok(());
+                }
+                _ if fresh_entries < MAX_FRESH_ENTRIES => {
+                    // The kernel failed this entry's command and may still hold its buffers'
+                    // addresses: leak them and register a fresh entry, so the queue keeps
+                    // this thread (a queue without threads would leave its CPU's callers
+                    // waiting forever).
+                    error!(
+                        "io_uring queue {qid}: command failed ({err}); registering a fresh entry"
+                    );
+                    std::mem::forget(std::mem::replace(&mut entry, Entry::new(payload)));
+                    fresh_entries += 1;
+                    register(&mut ring, &entry)?;
+                    continue;
                 }
                 _ => {
-                    error!("io_uring queue {qid}: {err}; requests fall back to /dev/fuse");
-                    Err(err)
+                    error!(
+                        "io_uring queue {qid}: {err}, {fresh_entries} times; this thread stops serving"
+                    );
+                    return Err(err);
                 }
-            };
+            }
         }
+        served_any = true;
         let commit_id = entry.header.ent.commit_id;
         let reply = handle(se, &dev_sender, &mut entry);
         let payload_len = reply.len().saturating_sub(OUT_HEADER_SIZE);
@@ -378,14 +415,9 @@ fn serve_queue<FS: Filesystem>(
         let commit = uring_cmd(
             dev_fd,
             FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
-            &CmdReq {
-                flags: 0,
-                commit_id,
-                qid,
-                padding: [0; 6],
-            },
+            &cmd(commit_id),
             None,
-            0,
+            COMMIT_TAG,
         );
         // SAFETY: as for the register command.
         unsafe { ring.submission().push(&commit) }.map_err(|_| io::Error::other("SQ full"))?;
@@ -394,13 +426,13 @@ fn serve_queue<FS: Filesystem>(
             // at normal priority the scheduler counts the CPU as busy and moves the caller
             // to an idle one, so its next request lands on the other queue and every round
             // trip becomes a migration plus a cross-CPU wake-up (measured: 16 µs against
-            // 11 µs with /dev/fuse and 6 µs without the migration). As SCHED_IDLE for the
+            // 11 µs with /dev/fuse and 6.7 µs without the migration). As SCHED_IDLE for the
             // length of the submit, the CPU counts as idle: the caller wakes here and
-            // preempts us, as a synchronous wake-up would do.
+            // preempts us, as a synchronous wake-up would do. A failed submit leaves the
+            // entry queued for the `submit_and_wait` above.
             set_policy(libc::SCHED_IDLE);
-            let submitted = ring.submit();
+            let _ = ring.submit();
             set_policy(libc::SCHED_OTHER);
-            submitted?;
         }
     }
 }
