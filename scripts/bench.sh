@@ -25,7 +25,8 @@ Options:
   --quick        smoke run: 128 MiB seq, 64 MiB/3 s random, 2,000 small files,
                  1,000-file git tree, ~10 MB tarball (bars still printed, indicative only)
   --strict       exit 1 if a bar fails (default: exit 0 regardless of the bars)
-  --runs N       N rounds (native, mount, no-passthrough mount in turn); the table shows
+  --runs N       N rounds (native and mount, in alternating order, then the no-passthrough
+                 mount); each run starts after sync + drop_caches; the table shows
                  per-workload medians (default 1; 3 recommended on a noisy machine)
   --native-only  only the native run (no binary needed)
   --no-np        skip the --no-passthrough sequential run
@@ -134,19 +135,39 @@ np_seq() {   # np_seq DIR OUTFILE
     cat "$2"
 }
 
-# ---- rounds: native, mount, mount --no-passthrough; repeated --runs times ----------------
+# ---- rounds: native and mount (alternating order), mount --no-passthrough; --runs times ---
+# Every run starts from a settled disk (`settle`: sync, then drop the caches), so none pays
+# for the writeback of the run before it; and the order of native and mount alternates
+# between rounds (odd: native first; even: mount first), so an order effect cancels in the
+# medians instead of always falling on the same side.
+settle() { sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1; }
+native_round() {   # native_round R TAG
+    echo "bench: native run in $SRC$2"
+    settle
+    cpfs_run "$FSBENCH" "$SRC" "$OUT/native.$1.txt"
+}
+mount_round() {    # mount_round R TAG
+    # A fresh state dir per round keeps the rounds independent.
+    echo "bench: mount run in $MNT (default mode)$2"
+    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.$1" "$DAEMON_LOG" || die "mount failed"
+    settle
+    cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.$1.txt"
+    checkpoint_benchmarks "$MNT" "$OUT/checkpoint.$1.txt"
+    cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
+}
 for ((r = 1; r <= RUNS; r++)); do
     tag=""; if [[ $RUNS -gt 1 ]]; then tag=" (round $r/$RUNS)"; fi
-    echo "bench: native run in $SRC$tag"
-    cpfs_run "$FSBENCH" "$SRC" "$OUT/native.$r.txt"
-    [[ $NATIVE_ONLY == 1 ]] && continue
-
-    # A fresh state dir per round keeps the rounds independent.
-    echo "bench: mount run in $MNT (default mode)$tag"
-    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.$r" "$DAEMON_LOG" || die "mount failed"
-    cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.$r.txt"
-    checkpoint_benchmarks "$MNT" "$OUT/checkpoint.$r.txt"
-    cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
+    if [[ $NATIVE_ONLY == 1 ]]; then
+        native_round "$r" "$tag"
+        continue
+    fi
+    if ((r % 2 == 1)); then
+        native_round "$r" "$tag"
+        mount_round "$r" "$tag"
+    else
+        mount_round "$r" "$tag"
+        native_round "$r" "$tag"
+    fi
 
     if [[ $NP == 1 ]]; then
         echo "bench: --no-passthrough sequential run in $MNT$tag"
