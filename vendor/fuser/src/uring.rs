@@ -220,10 +220,35 @@ fn set_policy(policy: i32) -> bool {
     unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
 }
 
+/// Whether the kernel lets this thread go back from SCHED_IDLE to SCHED_OTHER: with
+/// CAP_SYS_NICE, or if RLIMIT_NICE allows its nice value (the kernel's `can_nice`).
+fn may_leave_sched_idle() -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    let cap_sys_nice = std::fs::read_to_string("/proc/thread-self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_NICE) != 0);
+    // SAFETY: plain getters on this process.
+    let (limit, nice) = unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        let limit = if libc::getrlimit(libc::RLIMIT_NICE, &mut rl) == 0 {
+            rl.rlim_cur
+        } else {
+            0
+        };
+        (limit, libc::getpriority(libc::PRIO_PROCESS, 0))
+    };
+    cap_sys_nice || limit >= (20 - i64::from(nice)).max(0) as libc::rlim_t
+}
+
 /// Whether this thread may drop to SCHED_IDLE around a commit (see `serve_queue`): only if
-/// it can also return to SCHED_OTHER, which an unprivileged thread may not (RLIMIT_NICE).
+/// it can also return to SCHED_OTHER (checked first: an unprivileged thread usually may not,
+/// and one stuck at idle priority would starve behind any busy process on its CPU).
 fn can_hand_over() -> bool {
-    if !set_policy(libc::SCHED_IDLE) {
+    if !may_leave_sched_idle() || !set_policy(libc::SCHED_IDLE) {
         return false;
     }
     if set_policy(libc::SCHED_OTHER) {
