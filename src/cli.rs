@@ -629,7 +629,7 @@ pub enum MountRefusal {
     SourceNotDir(PathBuf),
     MountpointMissing(PathBuf),
     MountpointNotDir(PathBuf),
-    /// A FUSE mount whose daemon is gone (ENOTCONN).
+    /// A FUSE mount whose daemon is gone (see `endpoint_gone`).
     MountpointDead(PathBuf),
     MountpointNotEmpty(PathBuf),
     MountpointIsMounted(PathBuf),
@@ -853,7 +853,7 @@ pub fn validate_mount(
         Err(e) if errno_of(&e) == libc::ENOTDIR => {
             return Err(MountRefusal::MountpointMissing(mnt.to_path_buf()));
         }
-        Err(e) if errno_of(&e) == libc::ENOTCONN => {
+        Err(e) if endpoint_gone(&e) => {
             return Err(MountRefusal::MountpointDead(mnt.to_path_buf()));
         }
         Err(e) => return Err(inaccessible("mount point", mnt, &e)),
@@ -1652,7 +1652,7 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                 }
             }
         }
-        Err(e) if errno_of(&e) == libc::ENOTCONN && is_checkpointfs_mount(&entry) => {
+        Err(e) if endpoint_gone(&e) && is_checkpointfs_mount(&entry) => {
             return detach_dead_mount(mnt, &path);
         }
         Err(e) if is_checkpointfs_mount(&entry) => {
@@ -1663,7 +1663,7 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
             );
             None
         }
-        Err(e) if errno_of(&e) == libc::ENOTCONN => {
+        Err(e) if endpoint_gone(&e) => {
             eprintln!(
                 "checkpointfs: {shown} is a FUSE mount whose daemon is gone, and it is not \
                  recognizably checkpointfs; if it was, clean it up with: umount -l {shown}"
@@ -1775,7 +1775,17 @@ fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
     }
 }
 
-/// The FUSE endpoint of a checkpointfs mount at `path` is dead (ENOTCONN: the daemon was
+/// Whether a failed request on a FUSE mount says its daemon is gone: ENOTCONN, or
+/// ECANCELED, which requests get over FUSE-over-io_uring for a moment after the daemon died
+/// (until the kernel has torn its rings down and aborts the connection).
+pub(crate) fn endpoint_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOTCONN) | Some(libc::ECANCELED)
+    )
+}
+
+/// The FUSE endpoint of a checkpointfs mount at `path` is dead (`endpoint_gone`: the daemon was
 /// killed or crashed). Nothing can be flushed any more; detach the mount so that MNT is
 /// usable again, and exit 3.
 fn detach_dead_mount(mnt: &Path, path: &Path) -> i32 {

@@ -60,7 +60,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             eprintln!("checkpointfs: {shown} is not a checkpointfs mount");
             return EXIT_USAGE;
         }
-        Err(e) if errno(&e) == libc::ENOTCONN => return gone(),
+        Err(e) if crate::cli::endpoint_gone(&e) => return gone(),
         Err(e) => {
             eprintln!("checkpointfs: cannot open {shown}/{CTL_FILE}: {e}");
             return EXIT_FAILURE;
@@ -97,7 +97,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             );
             EXIT_FAILURE
         }
-        Err(e) if errno(&e) == libc::ENOTCONN => gone(),
+        Err(e) if crate::cli::endpoint_gone(&e) => gone(),
         Err(e) => {
             eprintln!("checkpointfs: cannot create checkpoint '{quoted}': {e}");
             EXIT_FAILURE
@@ -109,7 +109,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
 fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
     match std::fs::read_to_string(mnt.join(".checkpoint/state-dir")) {
         Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        Err(e) if crate::cli::endpoint_gone(&e) => {
             eprintln!(
                 "checkpointfs: the daemon serving {} is gone; clean up with: umount -l {}",
                 mnt.display(),
