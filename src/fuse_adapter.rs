@@ -73,8 +73,11 @@ thread_local! {
 
 fn fopen_flags(o: &Opened) -> FopenFlags {
     // The daemon buffers nothing and the kernel keeps POSIX locks itself, so a flush on
-    // close(2) would be a round trip that does nothing.
-    let mut f = FopenFlags::FOPEN_NOFLUSH;
+    // close(2) is a round trip that does nothing, except for rule files (see `Opened`).
+    let mut f = FopenFlags::empty();
+    if !o.flush_on_close {
+        f |= FopenFlags::FOPEN_NOFLUSH;
+    }
     if o.direct_io {
         f |= FopenFlags::FOPEN_DIRECT_IO;
     }

@@ -54,6 +54,11 @@ pub struct Opened {
     pub backing: Option<Arc<BackingId>>,
     pub direct_io: bool,
     pub keep_cache: bool,
+    /// The kernel must send FLUSH at close(2): the handle writes a file the exclusion
+    /// rules are read from, and close(2) waits for FLUSH (RELEASE comes asynchronously,
+    /// possibly after the caller's next request), so the new rules are in force before
+    /// close returns.
+    pub flush_on_close: bool,
 }
 
 /// What a setattr request asks for (the core's own view of it, not fuser's).
@@ -540,6 +545,7 @@ impl PassthroughFs {
         };
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
         let keep_cache = backing.is_none();
+        let flush_on_close = writable && self.rules_file(&inode).is_some();
         let fh = self.handles.insert(Handle::File(FileHandle {
             fd,
             inode,
@@ -551,6 +557,7 @@ impl PassthroughFs {
             backing,
             direct_io,
             keep_cache,
+            flush_on_close,
         })
     }
 
@@ -690,15 +697,25 @@ impl PassthroughFs {
     /// Data written through a handle is final once it is closed: that is when a written
     /// `.gitignore` changes the exclusion rules (its open only announced the change).
     fn written_file_closed(&self, handle: &Handle) {
-        let history = self.gate.history();
         if let Handle::File(f) = handle
             && f.writable
-            && history.exclusions().uses_git_rules()
-            && let Ok(Some(rel)) = self.gate.rel_path_of(&f.inode)
-            && history.exclusion_rules_depend_on(&rel, false)
+            && let Some(rel) = self.rules_file(&f.inode)
         {
-            history.exclusion_rules_changed(&rel);
+            self.gate.history().exclusion_rules_changed(&rel);
         }
+    }
+
+    /// The path of `inode` if the exclusion rules are read from it (a `.gitignore` under
+    /// --respect-gitignore).
+    fn rules_file(&self, inode: &Inode) -> Option<Vec<u8>> {
+        let history = self.gate.history();
+        if !history.exclusions().uses_git_rules() {
+            return None;
+        }
+        let rel = self.gate.rel_path_of(inode).ok()??;
+        history
+            .exclusion_rules_depend_on(&rel, false)
+            .then_some(rel)
     }
 
     pub fn release(&self, fh: u64) {

@@ -360,6 +360,7 @@ impl VirtualTree {
             backing: None,
             direct_io,
             keep_cache: !direct_io,
+            flush_on_close: false,
         })
     }
 
