@@ -35,7 +35,7 @@ use log::{debug, error, info, warn};
 use crate::Filesystem;
 use crate::channel::ChannelSender;
 use crate::ll;
-use crate::ll::fuse_abi::fuse_in_header;
+use crate::ll::fuse_abi::{fuse_in_header, fuse_opcode};
 use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
 
@@ -432,6 +432,11 @@ fn serve_queue<FS: Filesystem>(
         }
         served_any = true;
         let commit_id = entry.header.ent.commit_id;
+        // Nobody waits for a release (the kernel sends it in the background), so its
+        // commit wakes no caller and needs no hand-over.
+        let opcode = u32::from_ne_bytes(entry.header.in_out[4..8].try_into().unwrap_or_default());
+        let wakes_caller = opcode != fuse_opcode::FUSE_RELEASE as u32
+            && opcode != fuse_opcode::FUSE_RELEASEDIR as u32;
         let reply = handle(se, &dev_sender, &mut entry);
         let payload_len = reply.len().saturating_sub(OUT_HEADER_SIZE);
         entry.header.in_out[..OUT_HEADER_SIZE].copy_from_slice(&reply[..OUT_HEADER_SIZE]);
@@ -446,7 +451,7 @@ fn serve_queue<FS: Filesystem>(
         );
         // SAFETY: as for the register command.
         unsafe { ring.submission().push(&commit) }.map_err(|_| io::Error::other("SQ full"))?;
-        if handover {
+        if handover && wakes_caller {
             // The commit wakes the caller, which slept on this CPU. While this thread runs
             // at normal priority the scheduler counts the CPU as busy and moves the caller
             // to an idle one, so its next request lands on the other queue and every round
