@@ -1776,12 +1776,12 @@ fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
 }
 
 /// Whether a failed request on a FUSE mount says its daemon is gone: ENOTCONN, or
-/// ECANCELED, which requests get over FUSE-over-io_uring for a moment after the daemon died
-/// (until the kernel has torn its rings down and aborts the connection).
+/// ECANCELED / ECONNABORTED, which requests get over FUSE-over-io_uring for a moment after
+/// the daemon died (while the kernel tears its rings down, before it aborts the connection).
 pub(crate) fn endpoint_gone(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::ENOTCONN) | Some(libc::ECANCELED)
+        Some(libc::ENOTCONN) | Some(libc::ECANCELED) | Some(libc::ECONNABORTED)
     )
 }
 
@@ -1821,6 +1821,14 @@ fn detach_dead_mount(mnt: &Path, path: &Path) -> i32 {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn a_daemon_is_gone_on_the_errnos_a_dead_fuse_mount_gives() {
+        let gone = |code| endpoint_gone(&io::Error::from_raw_os_error(code));
+        assert!(gone(libc::ENOTCONN) && gone(libc::ECANCELED) && gone(libc::ECONNABORTED));
+        assert!(!gone(libc::ENOENT) && !gone(libc::EIO) && !gone(libc::EACCES));
+        assert!(!endpoint_gone(&io::Error::other("no errno")));
+    }
 
     struct Dirs {
         _tmp: tempfile::TempDir,

@@ -55,6 +55,13 @@ pub struct Permit<'g> {
     rules_touched: Vec<Vec<u8>>,
 }
 
+impl Permit<'_> {
+    /// Whether the change touches a file the exclusion rules are read from.
+    pub fn touches_rules(&self) -> bool {
+        !self.rules_touched.is_empty()
+    }
+}
+
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         for rel in &self.rules_touched {

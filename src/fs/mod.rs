@@ -521,21 +521,25 @@ impl PassthroughFs {
         let inode = self.inode(ino)?;
         let own = Self::own_flags(flags);
         let writable = Self::can_write(flags);
-        let fd = if writable {
+        let (fd, writes_rules) = if writable {
             let permit = self.gate.permit(caller, Change::Object(&inode))?;
-            mutate::reopen(&permit, inode.fd.as_raw_fd(), own)?
+            let fd = mutate::reopen(&permit, inode.fd.as_raw_fd(), own)?;
+            (fd, permit.touches_rules())
         } else {
-            sys::reopen_readonly_like(inode.fd.as_raw_fd(), own)?
+            (sys::reopen_readonly_like(inode.fd.as_raw_fd(), own)?, false)
         };
-        self.finish_open(inode, fd, flags, writable, make_backing)
+        self.finish_open(inode, fd, flags, writable, writes_rules, make_backing)
     }
 
+    /// `writes_rules`: the gate found the file to be one the exclusion rules are read from
+    /// (see `Opened::flush_on_close`).
     fn finish_open(
         &self,
         inode: Arc<Inode>,
         fd: OwnedFd,
         flags: i32,
         writable: bool,
+        writes_rules: bool,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<Opened> {
         let backing = if inode.is_regular() && self.passthrough_enabled() {
@@ -545,7 +549,6 @@ impl PassthroughFs {
         };
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
         let keep_cache = backing.is_none();
-        let flush_on_close = writable && self.rules_file(&inode).is_some();
         let fh = self.handles.insert(Handle::File(FileHandle {
             fd,
             inode,
@@ -557,7 +560,7 @@ impl PassthroughFs {
             backing,
             direct_io,
             keep_cache,
-            flush_on_close,
+            flush_on_close: writes_rules,
         })
     }
 
@@ -599,7 +602,7 @@ impl PassthroughFs {
         with_name(name, |c| {
             let own =
                 Self::own_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL) | libc::O_NOFOLLOW;
-            let fd = {
+            let (fd, writes_rules) = {
                 let permit = self.gate.permit(
                     caller,
                     Change::Entry {
@@ -609,11 +612,12 @@ impl PassthroughFs {
                     },
                 )?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                mutate::openat(&permit, parent.fd.as_fd(), c, own, mode)?
+                let fd = mutate::openat(&permit, parent.fd.as_fd(), c, own, mode)?;
+                (fd, permit.touches_rules())
             };
             let entry = self.adopt_created(fd.as_fd())?;
             let inode = self.inode(entry.attr.ino.0)?;
-            let opened = self.finish_open(inode, fd, flags, true, make_backing)?;
+            let opened = self.finish_open(inode, fd, flags, true, writes_rules, make_backing)?;
             Ok((entry, opened))
         })
     }

@@ -298,7 +298,7 @@ impl Worker {
             // flush request ends the gathering at once.
             let deadline = std::time::Instant::now() + GATHER_WINDOW;
             loop {
-                while self.pending.len() < MAX_BATCH_BYTES && waiters.is_empty() {
+                while self.pending.len() < MAX_BATCH_BYTES {
                     match rx.try_recv() {
                         Ok(msg) => self.handle(msg, &mut waiters),
                         Err(_) => break,
@@ -315,12 +315,6 @@ impl Worker {
                 // (one wake-up per batch, not per record, on a machine whose cores the FUSE
                 // threads need); `request` unparks it, so a flush ends the gathering at once.
                 std::thread::park_timeout(left);
-            }
-            while self.pending.len() < MAX_BATCH_BYTES {
-                match rx.try_recv() {
-                    Ok(msg) => self.handle(msg, &mut waiters),
-                    Err(_) => break,
-                }
             }
             self.commit();
             if !waiters.is_empty() {

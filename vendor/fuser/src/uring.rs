@@ -21,8 +21,8 @@
 //! payload buffer is preceded by [`PREFIX`] bytes of room, where the header and the
 //! argument struct are copied, so the payload itself is not moved.
 //!
-//! The session ends when the kernel fails the commands with `ENOTCONN`/`ECANCELED`
-//! (unmount or abort).
+//! The session ends when the kernel fails the commands with `ENOTCONN`, `ECANCELED` or
+//! `ECONNABORTED` (unmount or abort).
 use std::fmt;
 use std::io;
 use std::io::IoSlice;
@@ -171,6 +171,12 @@ impl Entry {
         Entry { header, buf, iov }
     }
 
+    /// The request's `fuse_in_header`, as the kernel put it in `in_out`.
+    fn in_header(&self) -> fuse_in_header {
+        // SAFETY: fuse_in_header is plain old data and in_out is larger than it.
+        unsafe { std::ptr::read_unaligned(self.header.in_out.as_ptr().cast()) }
+    }
+
     fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: a u64 slice viewed as bytes.
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast(), self.buf.len() * 8) }
@@ -311,13 +317,7 @@ pub(crate) fn spawn_queues<FS: Filesystem>(
     Ok(threads)
 }
 
-fn uring_cmd(
-    dev: i32,
-    cmd_op: u32,
-    req: &CmdReq,
-    addr: Option<u64>,
-    index: u64,
-) -> squeue::Entry128 {
+fn uring_cmd(dev: i32, cmd_op: u32, req: &CmdReq, addr: Option<u64>, tag: u64) -> squeue::Entry128 {
     let mut cmd = [0u8; 80];
     // SAFETY: CmdReq is plain old data, smaller than the command area.
     let raw = unsafe {
@@ -328,7 +328,7 @@ fn uring_cmd(
         .cmd(cmd)
         .addr(addr)
         .build()
-        .user_data(index);
+        .user_data(tag);
     if addr.is_none() {
         return entry;
     }
@@ -434,7 +434,7 @@ fn serve_queue<FS: Filesystem>(
         let commit_id = entry.header.ent.commit_id;
         // Nobody waits for a release (the kernel sends it in the background), so its
         // commit wakes no caller and needs no hand-over.
-        let opcode = u32::from_ne_bytes(entry.header.in_out[4..8].try_into().unwrap_or_default());
+        let opcode = entry.in_header().opcode;
         let wakes_caller = opcode != fuse_opcode::FUSE_RELEASE as u32
             && opcode != fuse_opcode::FUSE_RELEASEDIR as u32;
         let reply = handle(se, &dev_sender, &mut entry);
@@ -475,10 +475,7 @@ fn handle<FS: Filesystem>(
     entry: &mut Entry,
 ) -> Vec<u8> {
     let payload_cap = entry.iov[1].iov_len;
-    let header: fuse_in_header = {
-        // SAFETY: fuse_in_header is plain old data and in_out is larger than it.
-        unsafe { std::ptr::read_unaligned(entry.header.in_out.as_ptr().cast()) }
-    };
+    let header = entry.in_header();
     let unique = ll::RequestId(header.unique);
     let payload_len = entry.header.ent.payload_sz as usize;
     let op_len = (header.len as usize).checked_sub(IN_HEADER_SIZE + payload_len);
