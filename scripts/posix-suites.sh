@@ -7,12 +7,12 @@ export LC_ALL=C
 
 usage() {
     cat <<'EOF'
-usage: scripts/posix-suites.sh [--no-passthrough] [--no-io-uring] [--baseline-only] [--bin PATH]
+usage: scripts/posix-suites.sh [--no-passthrough] [--baseline-only] [--bin PATH]
                                [--results DIR] [--summary FILE] [--help]
 
 Mounts a fresh temporary SRC (on the root disk under $POSIX_WORKDIR, default /var/tmp;
 never tmpfs) at a temporary MNT with `checkpointfs mount --allow-other` (plus
---no-passthrough / --no-io-uring if given), then runs:
+--no-passthrough if given), then runs:
 
   1. pjdfstest (crate pjdfstest 0.2.x) with tests/posix/pjdfstest-linux.toml and a
      secondary file system dir on /dev/shm (-s) — first on a plain directory of the
@@ -27,8 +27,6 @@ Every mount is unmounted on every exit path; no daemon is left running.
 
 Options:
   --no-passthrough   mount with --no-passthrough (FUSE read/write instead of kernel passthrough)
-  --no-io-uring      mount with --no-io-uring (every request through /dev/fuse); the mode
-                     name gets a "dev-fuse-" prefix
   --baseline-only    only run pjdfstest on the ext4 baseline (no binary needed)
   --bin PATH         checkpointfs binary (default: $CHECKPOINTFS_BIN or
                      ${CARGO_TARGET_DIR:-target}/release/checkpointfs)
@@ -49,7 +47,6 @@ CPFS_WHO=posix-suites
 source "$ROOT/scripts/lib/mounts.sh"
 
 MODE=passthrough
-DEV_FUSE=0
 MOUNT_ARGS=(--allow-other)
 BASELINE_ONLY=0
 BIN=
@@ -58,7 +55,6 @@ SUMMARY=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --no-passthrough) MODE=no-passthrough; MOUNT_ARGS+=(--no-passthrough) ;;
-        --no-io-uring) DEV_FUSE=1; MOUNT_ARGS+=(--no-io-uring) ;;
         --baseline-only) BASELINE_ONLY=1 ;;
         --bin) BIN=${2:?--bin needs a path}; shift ;;
         --results) RES=${2:?--results needs a dir}; shift ;;
@@ -68,8 +64,6 @@ while [[ $# -gt 0 ]]; do
     esac
     shift
 done
-
-[[ $DEV_FUSE == 1 ]] && MODE=dev-fuse-$MODE
 
 die() { echo "posix-suites: ERROR: $*" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || die "must run as root (pjdfstest switches users; FUSE mount)"

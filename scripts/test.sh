@@ -15,11 +15,9 @@ Runs, stopping at the first failure with a clear message:
   5. scripts/posix-suites.sh                    (pjdfstest vs ext4 baseline + fsx,
                                                  default kernel-passthrough mode)
   6. scripts/posix-suites.sh --no-passthrough   (same, FUSE read/write mode)
-  7. steps 5 and 6 again with --no-io-uring     (every request through /dev/fuse
-                                                 instead of FUSE over io_uring)
 
 Options:
-  --quick     skip the POSIX suites (steps 5 to 7)
+  --quick     skip the POSIX suites (steps 5 and 6)
   -h, --help  this text
 
 Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's
@@ -201,11 +199,7 @@ if [[ $QUICK == 0 ]]; then
         posix passthrough
     step "posix no-passthrough" "pjdfstest regression vs ext4 or fsx failure (--no-passthrough); log $LOGDIR/posix-no-passthrough.log" \
         posix no-passthrough --no-passthrough
-    step "posix dev-fuse-passthrough" "pjdfstest regression vs ext4 or fsx failure (--no-io-uring); log $LOGDIR/posix-dev-fuse-passthrough.log" \
-        posix dev-fuse-passthrough --no-io-uring
-    step "posix dev-fuse-no-passthrough" "pjdfstest regression vs ext4 or fsx failure (--no-io-uring --no-passthrough); log $LOGDIR/posix-dev-fuse-no-passthrough.log" \
-        posix dev-fuse-no-passthrough --no-io-uring --no-passthrough
-    POSIX_MODES=(passthrough no-passthrough dev-fuse-passthrough dev-fuse-no-passthrough)
+    POSIX_MODES=(passthrough no-passthrough)
     for m in "${POSIX_MODES[@]}"; do
         # shellcheck disable=SC1090
         ( source "$LOGDIR/posix-$m.env"; echo "$MOUNT_PASS $MOUNT_FAIL $MOUNT_SKIP $FSX_OK $BASE_PASS $BASE_FAIL $BASE_SKIP" ) \

@@ -179,16 +179,12 @@ pub struct MountArgs {
     #[arg(short = 'f', long)]
     pub foreground: bool,
 
-    /// Number of threads reading requests from /dev/fuse [default: number of CPUs]. With
-    /// FUSE over io_uring these serve only forgets, interrupts and the requests before the
-    /// rings are up; each CPU's io_uring queue has its own two threads
+    /// Number of threads reading requests from /dev/fuse [default: number of CPUs]
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub threads: Option<usize>,
 
-    /// Do not use FUSE over io_uring (Linux 6.14+): read requests from /dev/fuse instead.
-    /// Without this flag checkpointfs uses io_uring whenever the kernel offers it, and when
-    /// running as root it switches on the fuse module's `enable_uring` parameter, which is
-    /// off by default (it only lets FUSE servers that ask for io_uring use it)
+    /// Accepted and ignored, for scripts written for earlier versions: requests always
+    /// travel over /dev/fuse (FUSE over io_uring is not used)
     #[arg(long)]
     pub no_io_uring: bool,
 
@@ -1114,7 +1110,6 @@ fn mount(a: MountArgs) -> i32 {
         state_dir: paths.state_dir,
         threads,
         passthrough: !a.no_passthrough,
-        io_uring: !a.no_io_uring,
         allow_other: a.allow_other,
         exclusions,
     };
@@ -1776,8 +1771,8 @@ fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
 }
 
 /// Whether a failed request on a FUSE mount says its daemon is gone: ENOTCONN, or
-/// ECANCELED / ECONNABORTED, which requests get over FUSE-over-io_uring for a moment after
-/// the daemon died (while the kernel tears its rings down, before it aborts the connection).
+/// ECONNABORTED / ECANCELED, which requests in flight get while the kernel aborts the
+/// connection (the watchdog's abort, see `watchdog.rs`, or the daemon's exit).
 pub(crate) fn endpoint_gone(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),

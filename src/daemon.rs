@@ -10,8 +10,6 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     pub threads: usize,
     pub passthrough: bool,
-    /// Serve requests over io_uring when the kernel allows it (see `enable_io_uring`).
-    pub io_uring: bool,
     pub allow_other: bool,
     pub exclusions: crate::history::exclusions::ExclusionConfig,
 }
@@ -108,7 +106,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         SessionACL::Owner
     };
     options.acl = acl;
-    let adapter = FuseAdapter::new(fs.clone(), cfg.io_uring && enable_io_uring());
+    let adapter = FuseAdapter::new(fs.clone());
     // As root, mount ourselves so the type reads `fuse.checkpointfs` (fuser's own mount says
     // plain `fuse`); otherwise let fuser go through fusermount3.
     // SAFETY: geteuid has no preconditions.
@@ -149,37 +147,6 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     }
     history.shutdown()?;
     served
-}
-
-/// Where the fuse module says whether FUSE servers may use io_uring (Linux 6.14+ built with
-/// CONFIG_FUSE_IO_URING). Off by default; it only permits servers that ask for io_uring in
-/// INIT to use it, so switching it on changes nothing for other FUSE filesystems.
-const ENABLE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// Whether FUSE over io_uring can be used: the module parameter is on, or we could turn it
-/// on (as root). Logs why not otherwise.
-fn enable_io_uring() -> bool {
-    match std::fs::read_to_string(ENABLE_URING_PARAM) {
-        Ok(v) if v.trim() == "Y" => true,
-        Ok(_) => match std::fs::write(ENABLE_URING_PARAM, "Y") {
-            Ok(()) => {
-                info!(
-                    "switched on FUSE over io_uring in the fuse module ({ENABLE_URING_PARAM}); --no-io-uring leaves it alone"
-                );
-                true
-            }
-            Err(e) => {
-                info!(
-                    "FUSE over io_uring is off in the fuse module and cannot be switched on ({e}); serving requests from /dev/fuse"
-                );
-                false
-            }
-        },
-        Err(_) => {
-            info!("this kernel has no FUSE over io_uring; serving requests from /dev/fuse");
-            false
-        }
-    }
 }
 
 /// Opens /dev/fuse and mounts it at the mount point as `fuse.checkpointfs`, with

@@ -26,13 +26,11 @@ const MAX_WRITE: u32 = 4 * 1024 * 1024;
 
 pub struct FuseAdapter {
     fs: Arc<PassthroughFs>,
-    io_uring: bool,
 }
 
 impl FuseAdapter {
-    /// `io_uring`: ask the kernel for FUSE over io_uring in INIT.
-    pub fn new(fs: Arc<PassthroughFs>, io_uring: bool) -> FuseAdapter {
-        FuseAdapter { fs, io_uring }
+    pub fn new(fs: Arc<PassthroughFs>) -> FuseAdapter {
+        FuseAdapter { fs }
     }
 }
 
@@ -107,21 +105,13 @@ impl Filesystem for FuseAdapter {
                     .disable_passthrough("the kernel does not offer FUSE passthrough");
             }
         }
-        let io_uring = self.io_uring
-            && config
-                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
-                .is_ok();
-        if self.io_uring && !io_uring {
-            info!("the kernel does not offer FUSE over io_uring; serving requests from /dev/fuse");
-        }
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let _ = config.set_max_background(64);
         let on_off = |b: bool| if b { "on" } else { "off" };
         info!(
-            "FUSE session initialised (kernel passthrough: {}, io_uring: {})",
-            on_off(self.fs.passthrough_enabled()),
-            on_off(io_uring)
+            "FUSE session initialised (kernel passthrough: {})",
+            on_off(self.fs.passthrough_enabled())
         );
         Ok(())
     }

@@ -712,8 +712,8 @@ fn umount_of_a_dead_endpoint_detaches_it_and_exits_3() {
     fs::write(t.mnt.join("f"), "before the crash").unwrap();
     t.ctl("c1").unwrap();
     t.kill_daemon();
-    // ECANCELED or ECONNABORTED for a moment over io_uring, until the kernel aborts the
-    // connection; ENOTCONN from then on.
+    // ECONNABORTED or ECANCELED for a moment while the kernel aborts the connection;
+    // ENOTCONN from then on.
     let err = fs::metadata(t.mnt.join("f")).unwrap_err();
     assert!(
         matches!(
