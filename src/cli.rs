@@ -477,6 +477,19 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // The daemon's watchdog process (not a user command, so not in the clap definitions).
+    if args
+        .get(1)
+        .is_some_and(|a| a == crate::watchdog::SUBCOMMAND)
+    {
+        init_logger();
+        let rest: Vec<String> = args[2..]
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return crate::watchdog::run(&rest);
+    }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -952,7 +965,7 @@ pub struct MountEntry {
 }
 
 /// Undoes the kernel's octal escaping of space, tab, newline and backslash.
-fn unescape_mountinfo(field: &[u8]) -> OsString {
+pub(crate) fn unescape_mountinfo(field: &[u8]) -> OsString {
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {

@@ -128,6 +128,16 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         cfg.state_dir.display(),
         cfg.threads
     );
+    // Dropping the handle neither kills nor waits for it: it exits after this process.
+    let _watchdog = match crate::watchdog::start(&cfg.mountpoint) {
+        Ok(child) => Some(child),
+        Err(e) => {
+            warn!(
+                "no watchdog for this mount ({e}): if this daemon is killed during a rewind or stays stopped, its callers wait until the connection is aborted by hand"
+            );
+            None
+        }
+    };
     let mountpoint = cfg.mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".into())

@@ -8,7 +8,8 @@
 //! - [`history`]: the file-history system: Layer 1 tracking, Layer 2 snapshots, the
 //!   content-addressed store and rewind.
 //! - [`transcript`]: Layer 3: record types, the writer thread and replay.
-//! - [`daemon`]: wiring for one mount (session, signals, shutdown).
+//! - [`daemon`]: wiring for one mount (session, signals, shutdown); [`watchdog`]: the
+//!   process that aborts the mount's FUSE connection when the daemon dies or stays stopped.
 //! - [`cli`]: the command line; [`manuals`]: its completion scripts and man pages.
 //! - [`settings`]: mount settings kept in the state dir (exclusions).
 pub mod cli;
@@ -23,3 +24,4 @@ pub mod manuals;
 pub mod settings;
 pub mod state_lock;
 pub mod transcript;
+pub mod watchdog;
