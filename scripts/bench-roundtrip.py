@@ -95,7 +95,7 @@ def run_native(base, files):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--files", type=int, default=10000)
+    ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("binaries", nargs="+", metavar="NAME=BIN")
     a = ap.parse_args()
     if os.geteuid() != 0:

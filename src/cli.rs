@@ -1046,6 +1046,8 @@ pub fn process_alive(pid: i32) -> bool {
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,
         // No usable /proc: fall back to signal 0.
+        // SAFETY: kill(2) with signal 0 sends nothing; __errno_location returns this thread's
+        // errno slot, valid for the thread's lifetime.
         Err(_) => unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM },
     }
 }
@@ -1341,6 +1343,8 @@ fn wait_ready(
             Ok(true) => {}
             Ok(false) => {
                 // Still not ready: stop it rather than leave a daemon the user was told failed.
+                // SAFETY: kill(2) takes plain integers; `child` is our own unreaped child, so
+                // its pid cannot have been reused.
                 unsafe { libc::kill(child, libc::SIGTERM) };
                 return failed(&format!(
                     "the daemon (pid {child}) did not report the mount ready within {} s and was \
@@ -1385,6 +1389,7 @@ fn wait_ready(
 fn reap(child: libc::pid_t) -> String {
     let mut status = 0;
     loop {
+        // SAFETY: `status` is a live, writable c_int for the duration of the call.
         let r = unsafe { libc::waitpid(child, &mut status, 0) };
         if r == child {
             break;
@@ -1415,6 +1420,7 @@ fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
             events: libc::POLLIN,
             revents: 0,
         };
+        // SAFETY: `pfd` is one valid pollfd, live for the duration of the call.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
         if r > 0 {
             return Ok(true);

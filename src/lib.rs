@@ -12,6 +12,9 @@
 //!   process that aborts the mount's FUSE connection when the daemon dies or stays stopped.
 //! - [`cli`]: the command line; [`manuals`]: its completion scripts and man pages.
 //! - [`settings`]: mount settings kept in the state dir (exclusions).
+// Every unsafe block states the invariant that makes it sound.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod cli;
 pub mod commands;
 pub mod control;

@@ -54,6 +54,7 @@ pub const SUBCOMMAND: &str = "__watchdog";
 pub fn mount_dev(mountinfo: &[u8], mount_point: &Path) -> Option<(u32, u32)> {
     mountinfo
         .split(|&b| b == b'\n')
+        .rev()
         .filter_map(|line| {
             let mut fields = line.split(|&b| b == b' ');
             let dev = fields.nth(2)?;
@@ -67,7 +68,7 @@ pub fn mount_dev(mountinfo: &[u8], mount_point: &Path) -> Option<(u32, u32)> {
             let (major, minor) = dev.split_once(':')?;
             Some((major.parse().ok()?, minor.parse().ok()?))
         })
-        .last()
+        .next()
 }
 
 /// The fusectl name of the connection of a FUSE mount with device (major, minor): the
@@ -154,14 +155,14 @@ fn mount_private_fusectl() -> io::Result<()> {
             Err(io::Error::new(e.kind(), format!("{what}: {e}")))
         }
     };
-    // SAFETY: unshare(2) takes a flag; this process has one thread (required for NEWNS).
     check(
+        // SAFETY: unshare(2) takes a flag; this process has one thread (required for NEWNS).
         unsafe { libc::unshare(libc::CLONE_NEWNS) },
         "cannot make a private mount namespace for fusectl",
     )?;
-    // SAFETY: static NUL-terminated strings; null fstype and data are allowed for a
-    // propagation change.
     check(
+        // SAFETY: static NUL-terminated strings; null fstype and data are allowed for a
+        // propagation change.
         unsafe {
             libc::mount(
                 std::ptr::null(),
@@ -173,8 +174,8 @@ fn mount_private_fusectl() -> io::Result<()> {
         },
         "cannot make the private mount namespace private",
     )?;
-    // SAFETY: static NUL-terminated strings; fusectl takes no data.
     check(
+        // SAFETY: static NUL-terminated strings; fusectl takes no data.
         unsafe {
             libc::mount(
                 c"fusectl".as_ptr(),

@@ -461,7 +461,7 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
     } else {
         name
     };
-    // SAFETY (all calls below): valid fd and C string.
+    // SAFETY: `dir` is an open fd and `name` a NUL-terminated C string, both live for the call.
     cvt(unsafe {
         libc::fchownat(
             dir.as_raw_fd(),
@@ -479,6 +479,7 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
         }
     })?;
     if m.kind != EntryKind::Symlink {
+        // SAFETY: `dir` is an open fd and `name` a NUL-terminated C string, both live for the call.
         cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), m.mode, 0) })?;
     }
     let times = [
@@ -491,6 +492,8 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
             tv_nsec: i64::from(m.mtime_nsec),
         },
     ];
+    // SAFETY: `dir` is an open fd, `name` a NUL-terminated C string and `times` two timespecs,
+    // all live for the call.
     cvt(unsafe {
         libc::utimensat(
             dir.as_raw_fd(),
