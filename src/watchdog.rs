@@ -131,15 +131,29 @@ pub fn start(mount_point: &Path) -> io::Result<Child> {
 const READY: &str = "READY";
 
 /// Opens `/sys/fs/fuse/connections/<conn>/abort` for writing. Where fusectl is not mounted
-/// (as on this kind of VM), mounts it first in a mount namespace of this process's own, so
-/// that nothing changes for anyone else (needs root; the caller is single-threaded).
+/// (as on this kind of VM), mounts it in a mount namespace of this process's own, opens the
+/// file there and returns to the machine's namespace, so that nothing changes for anyone
+/// else (needs root; the caller is single-threaded).
 fn open_abort_file(conn: &str) -> io::Result<File> {
     let path = PathBuf::from(CONNECTIONS).join(conn).join("abort");
     let open = || std::fs::OpenOptions::new().write(true).open(&path);
     match open() {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let home = File::open("/proc/self/ns/mnt")?;
             mount_private_fusectl()?;
-            open()
+            let opened = open();
+            // Back to the machine's namespace at once: the private one holds a copy of every
+            // mount, FUSE mounts included, and would keep them alive after their umount. It is
+            // freed with its last process; the open abort file keeps only fusectl.
+            // SAFETY: setns(2) on an open namespace fd; this process has one thread.
+            if unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNS) } != 0 {
+                let e = io::Error::last_os_error();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot leave the private mount namespace: {e}"),
+                ));
+            }
+            opened
         }
         other => other,
     }
