@@ -274,9 +274,17 @@ fn open_in(root: &OwnedFd, rel: &str, flags: i32, mode: u32) -> io::Result<Owned
     sys::open_beneath(root.as_fd(), rel, flags, mode)
 }
 
-fn parent_and_name(rel: &str) -> (&str, CString) {
+/// Splits `rel` into its parent and a C-string name; a name with a NUL byte is a clear error,
+/// never an empty name (whose ENOENT would read as success).
+fn parent_and_name(rel: &str) -> io::Result<(&str, CString)> {
     let (parent, name) = super::split_parent(rel);
-    (parent, CString::new(name).unwrap_or_default())
+    let c = CString::new(name).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("cannot rewind {rel:?}: its name contains a NUL byte"),
+        )
+    })?;
+    Ok((parent, c))
 }
 
 fn cvt(rc: i32) -> io::Result<()> {
@@ -355,7 +363,7 @@ fn apply(
 }
 
 fn remove(root: &OwnedFd, rel: &str, kind: EntryKind) -> io::Result<()> {
-    let (parent, name) = parent_and_name(rel);
+    let (parent, name) = parent_and_name(rel)?;
     let dir = open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
     let flags = if kind == EntryKind::Dir {
         libc::AT_REMOVEDIR
@@ -398,7 +406,7 @@ fn write_entry(
     target: &ViewEntry,
     create: bool,
 ) -> io::Result<()> {
-    let (parent, name) = parent_and_name(rel);
+    let (parent, name) = parent_and_name(rel)?;
     let dir = open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
     let m = &target.meta;
     match m.kind {
@@ -450,25 +458,34 @@ fn write_entry(
 
 fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
     let m = &target.meta;
-    let (parent, name) = parent_and_name(rel);
-    let dir = if rel.is_empty() {
-        open_in(root, "", libc::O_PATH | libc::O_DIRECTORY, 0)?
-    } else {
-        open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?
+    // The target itself, opened beneath the root without following any symlink (a symlink is
+    // opened as itself), then its type checked on the fd: what we change is what we planned.
+    let fd = open_in(root, rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+    // SAFETY: `stat` is plain old data, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` a live, writable stat buffer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    let found = match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => EntryKind::Dir,
+        libc::S_IFLNK => EntryKind::Symlink,
+        libc::S_IFREG => EntryKind::File,
+        _ => m.kind,
     };
-    let name = if rel.is_empty() {
-        CString::new(".").unwrap_or_default()
-    } else {
-        name
-    };
-    // SAFETY: `dir` is an open fd and `name` a NUL-terminated C string, both live for the call.
+    if found != m.kind {
+        return Err(io::Error::other(format!(
+            "{rel}: changed type during the rewind, left alone"
+        )));
+    }
+    let empty = c"";
+    // SAFETY: `fd` is an open fd and `empty` a NUL-terminated C string, both live for the call;
+    // AT_EMPTY_PATH makes it act on the fd's own inode.
     cvt(unsafe {
         libc::fchownat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
+            fd.as_raw_fd(),
+            empty.as_ptr(),
             m.uid,
             m.gid,
-            libc::AT_SYMLINK_NOFOLLOW,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )
     })
     .or_else(|e| {
@@ -479,8 +496,19 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
         }
     })?;
     if m.kind != EntryKind::Symlink {
-        // SAFETY: `dir` is an open fd and `name` a NUL-terminated C string, both live for the call.
-        cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), m.mode, 0) })?;
+        // fchmodat2 (Linux 6.6+) with AT_EMPTY_PATH changes the fd's own inode; plain
+        // fchmodat would follow a symlink swapped in at the last component.
+        // SAFETY: `fd` is an open fd and `empty` a NUL-terminated C string, both live for the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_fchmodat2,
+                fd.as_raw_fd(),
+                empty.as_ptr(),
+                m.mode,
+                libc::AT_EMPTY_PATH,
+            )
+        };
+        cvt(rc as i32)?;
     }
     let times = [
         libc::timespec {
@@ -492,14 +520,14 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
             tv_nsec: i64::from(m.mtime_nsec),
         },
     ];
-    // SAFETY: `dir` is an open fd, `name` a NUL-terminated C string and `times` two timespecs,
-    // all live for the call.
+    // SAFETY: `fd` is an open fd, `empty` a NUL-terminated C string and `times` two timespecs,
+    // all live for the call; AT_EMPTY_PATH makes it act on the fd's own inode.
     cvt(unsafe {
         libc::utimensat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
+            fd.as_raw_fd(),
+            empty.as_ptr(),
             times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )
     })
 }
