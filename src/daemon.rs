@@ -19,7 +19,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{Config, Session, SessionACL};
 use log::{info, warn};
 
 use crate::fs::{CONTROL_DIR_NAME, FsConfig, PassthroughFs};
@@ -107,20 +107,15 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     };
     options.acl = acl;
     let adapter = FuseAdapter::new(fs.clone());
-    // As root, mount ourselves so the type reads `fuse.checkpointfs` (fuser's own mount says
-    // plain `fuse`); otherwise let fuser go through fusermount3.
+    // As root, mount ourselves so the type reads `fuse.checkpointfs`; a normal user cannot
+    // mount(2) and may not even open /dev/fuse, so the setuid fusermount3 mounts for it.
     // SAFETY: geteuid has no preconditions.
-    let session = if unsafe { libc::geteuid() } == 0 {
-        let dev = mount_fuse(&cfg)?;
-        Session::from_fd(adapter, dev, acl, options)?
+    let dev = if unsafe { libc::geteuid() } == 0 {
+        mount_fuse(&cfg)?
     } else {
-        options.mount_options = vec![
-            MountOption::FSName(cfg.source.to_string_lossy().into_owned()),
-            MountOption::Subtype("checkpointfs".into()),
-            MountOption::DefaultPermissions,
-        ];
-        Session::new(adapter, &cfg.mountpoint, &options)?
+        crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other)?
     };
+    let session = Session::from_fd(adapter, dev, acl, options)?;
     info!(
         "mounted {} at {} (state {}, {} threads)",
         cfg.source.display(),

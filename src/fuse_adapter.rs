@@ -8,13 +8,15 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use log::{debug, info, warn};
 
@@ -589,6 +591,33 @@ impl Filesystem for FuseAdapter {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("fallocate", e)),
         }
+    }
+
+    /// No ioctl is supported: every one is answered ENOTTY ("not a terminal / no such
+    /// ioctl"), which is what `isatty()` and tools probing for features expect. The kernel
+    /// keeps sending them (unlike ENOSYS replies to poll or locks, an ioctl reply is not
+    /// cached), and Python does one per `open()`, so this is logged once per daemon.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        static LOGGED: AtomicBool = AtomicBool::new(false);
+        if !LOGGED.swap(true, Ordering::Relaxed) {
+            info!(
+                "ioctl {cmd:#x} on a file in the mount answered ENOTTY: ioctls are not supported \
+                 (logged once; later ones are answered the same way silently)"
+            );
+        } else {
+            debug!("ioctl {cmd:#x}: ENOTTY");
+        }
+        reply.error(Errno::ENOTTY);
     }
 
     fn lseek(

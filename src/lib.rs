@@ -21,6 +21,7 @@ pub mod control;
 pub mod daemon;
 pub mod fs;
 pub mod fuse_adapter;
+pub mod fusermount;
 pub mod history;
 pub mod ids;
 pub mod manuals;

@@ -320,39 +320,6 @@ pub(crate) fn backup_of(
     }
 }
 
-/// `/proc/<pid>/comm`, remembered for a moment: a tool making many changes (tar, git)
-/// costs one read, and a pid is not reused within a second in practice.
-fn comm_of(pid: u32) -> String {
-    use std::collections::HashMap;
-    use std::time::{Duration, Instant};
-    static CACHE: Mutex<Option<HashMap<u32, (String, Instant)>>> = Mutex::new(None);
-    const FRESH: Duration = Duration::from_secs(1);
-    let now = Instant::now();
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    let map = cache.get_or_insert_with(HashMap::new);
-    if let Some((comm, at)) = map.get(&pid)
-        && now.duration_since(*at) < FRESH
-    {
-        return comm.clone();
-    }
-    // FUSE names the calling thread. A rewind writes through the mount from one of the
-    // daemon's own threads, whose name ("control-conn") says nothing about the change.
-    let ours = pid == std::process::id()
-        || std::path::Path::new(&format!("/proc/self/task/{pid}")).exists();
-    let comm = if ours {
-        "checkpointfs".to_string()
-    } else {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_default()
-    };
-    if map.len() > 4096 {
-        map.retain(|_, (_, at)| now.duration_since(*at) < FRESH);
-    }
-    map.insert(pid, (comm.clone(), now));
-    comm
-}
-
 /// What Layer 1 must do for a path before it changes.
 enum Need {
     Nothing,
@@ -457,6 +424,9 @@ impl History {
 
     /// The common path of Layer 1 (caller = Some) and the background copier (fill).
     fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
+        // Who the caller is, found (it reads /proc) only when a record needs it and only
+        // with the state unlocked.
+        let mut actor: Option<Actor> = None;
         let mut st = self.lock();
         loop {
             if st.busy.contains(rel) {
@@ -474,17 +444,26 @@ impl History {
             match need {
                 Need::Nothing => return Ok(()),
                 Need::MarkDirty => {
+                    if let (Some(c), None) = (caller, &actor) {
+                        drop(st);
+                        actor = Some(self.actor(c));
+                        st = self.lock();
+                        continue;
+                    }
                     let h = st.paths.get_mut(rel).ok_or_else(|| errno(libc::EIO))?;
                     h.dirty = true;
                     let n = h.versions.len() as u32;
                     let v = h.versions[n as usize - 1].clone();
-                    let actor = caller.map(|c| self.actor(c));
+                    let actor = actor.clone();
                     debug!("layer 1: {rel} changes again (v{n} already stored)");
                     return self.emit_layer1(&mut st, rel, n, &v, actor, false, false);
                 }
                 Need::Capture => {
                     st.busy.insert(rel.to_string());
                     drop(st);
+                    if let (Some(c), None) = (caller, &actor) {
+                        actor = Some(self.actor(c));
+                    }
                     let captured = self.capture(rel);
                     st = self.lock();
                     st.busy.remove(rel);
@@ -517,7 +496,7 @@ impl History {
                     if new_path {
                         st.track_child(rel);
                     }
-                    let actor = caller.map(|c| self.actor(c));
+                    let actor = actor.clone();
                     debug!("layer 1: backed up {rel} as v{version}");
                     return self.emit_layer1(
                         &mut st,
@@ -533,12 +512,9 @@ impl History {
         }
     }
 
+    /// Who `c` is. Reads /proc: call it with the state unlocked.
     fn actor(&self, c: &Caller) -> Actor {
-        Actor {
-            pid: c.pid,
-            uid: c.uid,
-            comm: comm_of(c.pid),
-        }
+        super::process::actor(c.pid, c.uid)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -103,6 +103,9 @@ pub struct Actor {
     pub uid: u32,
     /// `/proc/<pid>/comm` at the time of the request (empty when the process was gone).
     pub comm: String,
+    /// `/proc/<pid>/exe` at the time of the request, when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
 }
 
 /// RFC 3339 (UTC, milliseconds) for a point in time.

@@ -105,16 +105,41 @@ impl TestMount {
 
     /// Mounts (panics with the daemon log if that fails).
     pub fn mount(&mut self) {
+        self.mount_with_prefix(&[]);
+    }
+
+    /// Mounts as user `uid`:`gid` (through `setpriv`, so the daemon runs as that user);
+    /// SRC, MNT and STATE must already be that user's. `Drop` still cleans up as root.
+    pub fn mount_as(&mut self, uid: u32, gid: u32) {
+        let (uid, gid) = (uid.to_string(), gid.to_string());
+        self.mount_with_prefix(&[
+            "setpriv",
+            "--reuid",
+            &uid,
+            "--regid",
+            &gid,
+            "--clear-groups",
+            "--",
+        ]);
+    }
+
+    /// `prefix... checkpointfs mount ...`: a prefix runs the command through a wrapper.
+    fn mount_with_prefix(&mut self, prefix: &[&str]) {
         assert!(self.pid.is_none(), "already mounted");
-        let mut args: Vec<&OsStr> = vec![
-            "mount".as_ref(),
+        let mut args: Vec<&OsStr> = prefix.iter().skip(1).map(OsStr::new).collect();
+        if !prefix.is_empty() {
+            args.push(BIN.as_ref());
+        }
+        args.extend([
+            OsStr::new("mount"),
             self.src.as_os_str(),
             self.mnt.as_os_str(),
             "--state-dir".as_ref(),
             self.state.as_os_str(),
-        ];
+        ]);
         args.extend(self.args.iter().map(|a| OsStr::new(a.as_str())));
-        let out = Command::new(BIN)
+        let program = prefix.first().copied().unwrap_or(BIN);
+        let out = Command::new(program)
             .args(&args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir("/")

@@ -1,0 +1,265 @@
+//! What agents and their users meet: changes attributed to processes (not threads), ioctls
+//! answered quietly, and a normal user mounting through fusermount3.
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Runs `python3 -c script` in `dir`, asserting success.
+fn python(dir: &Path, script: &str) {
+    let out = run("python3", &["-c", script], dir);
+    assert!(out.status.success(), "python3 failed: {}", stderr(&out));
+}
+
+#[test]
+fn writes_from_a_named_thread_are_logged_under_the_process_name() {
+    let mut m = TestMount::unmounted(&[]);
+    fs::write(m.src.join("f.txt"), "one\n").unwrap();
+    m.mount();
+    // The writer thread renames itself, as Bun's "Bun Pool 0" threads do; FUSE reports that
+    // thread's id.
+    python(
+        &m.mnt,
+        r#"
+import ctypes, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def work():
+    assert libc.prctl(15, b"Pool Worker 7", 0, 0, 0) == 0   # PR_SET_NAME
+    assert open("/proc/thread-self/comm").read().strip() == "Pool Worker 7"
+    with open("f.txt", "a") as f:
+        f.write("two\n")
+t = threading.Thread(target=work)
+t.start()
+t.join()
+"#,
+    );
+    checkpoint(&m, "c1");
+    let log = cli_ok(&["log", m.mnt.to_str().unwrap()]);
+    assert!(log.contains("M f.txt  (by python3)"), "log:\n{log}");
+    assert!(!log.contains("Pool Worker"), "log names the thread:\n{log}");
+    m.umount();
+    // The transcript records the process: its pid is the thread group, with its executable.
+    let transcript = fs::read_to_string(m.state.join("transcript.jsonl")).unwrap();
+    let actor = transcript
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find_map(|r| {
+            r["snapshot"]["trackedFileBackups"]["f.txt"]["actor"]
+                .as_object()
+                .cloned()
+        })
+        .expect("an actor for f.txt");
+    assert_eq!(actor["comm"], "python3");
+    let exe = actor["exe"].as_str().expect("exe recorded");
+    assert!(
+        Path::new(exe)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("python3"),
+        "exe {exe}"
+    );
+}
+
+#[test]
+fn ioctls_are_answered_enotty_and_logged_once() {
+    let mut m = TestMount::new();
+    // Python's open() asks isatty() (TCGETS) of every file it opens in buffered mode.
+    python(
+        &m.mnt,
+        r#"
+import errno, fcntl, termios
+for i in range(100):
+    with open(f"f{i}", "w") as f:
+        f.write("x")
+with open("f0", "rb") as f:
+    assert not f.isatty()
+    try:
+        fcntl.ioctl(f.fileno(), termios.TCGETS, bytes(64))
+        raise SystemExit("TCGETS succeeded on a regular file")
+    except OSError as e:
+        assert e.errno == errno.ENOTTY, e
+"#,
+    );
+    m.umount();
+    let log = m.daemon_log();
+    let ioctl_lines = log.lines().filter(|l| l.contains("ioctl")).count();
+    assert!(
+        ioctl_lines <= 1,
+        "{ioctl_lines} ioctl log lines for 100 opens:\n{log}"
+    );
+    assert!(!log.contains("Not Implemented"), "log:\n{log}");
+}
+
+/// Sets the mode of /dev/fuse for the life of the guard, and puts the original back on
+/// drop (also when the test panics).
+struct DevFuseMode {
+    original: u32,
+}
+
+impl DevFuseMode {
+    fn set(mode: u32) -> DevFuseMode {
+        let original = fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
+        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(mode)).unwrap();
+        DevFuseMode { original }
+    }
+}
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
+    }
+}
+
+/// The uid and gid of a local test user, created if missing.
+fn test_user() -> (u32, u32) {
+    const NAME: &str = "cpfs-test-agents";
+    let id = |flag: &str| {
+        let out = Command::new("id").args([flag, NAME]).output().unwrap();
+        out.status.success().then(|| {
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u32>()
+                .unwrap()
+        })
+    };
+    if id("-u").is_none() {
+        let out = Command::new("useradd")
+            .args(["-M", "-s", "/usr/sbin/nologin", NAME])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() || id("-u").is_some(),
+            "useradd: {}",
+            stderr(&out)
+        );
+    }
+    (id("-u").unwrap(), id("-g").unwrap())
+}
+
+/// `command args...` as `uid`:`gid` (no supplementary groups), from `/`.
+fn run_as(uid: u32, gid: u32, command: &[&str]) -> std::process::Output {
+    let (u, g) = (uid.to_string(), gid.to_string());
+    let mut args = vec!["--reuid", &u, "--regid", &g, "--clear-groups", "--"];
+    args.extend_from_slice(command);
+    run("setpriv", &args, Path::new("/"))
+}
+
+/// `sh -c script` in `dir` as `uid`:`gid`, asserting success; returns stdout.
+fn sh_as(uid: u32, gid: u32, dir: &Path, script: &str) -> String {
+    let script = format!("cd '{}' && {script}", dir.display());
+    let out = run_as(uid, gid, &["sh", "-c", &script]);
+    assert!(
+        out.status.success(),
+        "sh -c {script:?} as {uid}: {}",
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+#[test]
+fn a_normal_user_mounts_through_fusermount3() {
+    assert!(
+        Path::new("/usr/bin/fusermount3").exists() || which("fusermount3"),
+        "fusermount3 (fuse3) must be installed: scripts/install-test-deps.sh installs it"
+    );
+    let (uid, gid) = test_user();
+    let mut m = TestMount::unmounted(&[]);
+    fs::write(m.src.join("notes.txt"), "v1\n").unwrap();
+    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [&m.src, &m.mnt, &m.state] {
+        for entry in walk(dir) {
+            std::os::unix::fs::lchown(&entry, Some(uid), Some(gid)).unwrap();
+        }
+    }
+    let bin = BIN;
+    let mnt = m.mnt.to_str().unwrap().to_string();
+
+    // Root-only /dev/fuse: fusermount3 opens it as the user, so no user can mount; the
+    // error says why and what to do, and nothing is mounted.
+    {
+        let _mode = DevFuseMode::set(0o600);
+        let out = run_as(
+            uid,
+            gid,
+            &[
+                bin,
+                "mount",
+                m.src.to_str().unwrap(),
+                &mnt,
+                "--state-dir",
+                m.state.to_str().unwrap(),
+            ],
+        );
+        assert!(!out.status.success(), "mounted with a root-only /dev/fuse");
+        let err = stderr(&out);
+        assert!(
+            err.contains("/dev/fuse") && err.contains("0666"),
+            "unclear error: {err}"
+        );
+        assert!(!is_mount_point(&m.mnt));
+    }
+
+    // The usual 0666 /dev/fuse: the mount goes through the setuid fusermount3. The mode
+    // stays for the mount's life, as on a machine set up so: each FUSE worker thread opens
+    // its own clone of the device.
+    let _mode = DevFuseMode::set(0o666);
+    m.mount_as(uid, gid);
+    let pid = m.pid().unwrap();
+    let daemon_uid = fs::metadata(format!("/proc/{pid}")).unwrap().uid();
+    assert_eq!(daemon_uid, uid, "the daemon runs as the user");
+    let line = mounts()
+        .into_iter()
+        .find(|(p, _)| p == &m.mnt)
+        .expect("listed in /proc/mounts");
+    assert_eq!(line.1, "fuse.checkpointfs");
+
+    // Without allow_other, a user's FUSE mount is the user's alone (not even root may enter
+    // it), so everything below runs as the user, from outside the mount.
+    sh_as(
+        uid,
+        gid,
+        &m.mnt,
+        "echo v2 > notes.txt && echo c1 > .checkpoint/ctl && echo v3 > notes.txt && rm notes.txt",
+    );
+    let at_c1 = sh_as(uid, gid, &m.mnt, "cat .checkpoint/at/c1/notes.txt");
+    assert_eq!(at_c1, "v2\n");
+    let rewound = sh_as(uid, gid, &m.mnt, &format!("{bin} rewind {mnt} c1"));
+    assert!(rewound.contains("before-rewind"), "{rewound}");
+    assert_eq!(sh_as(uid, gid, &m.mnt, "cat notes.txt"), "v2\n");
+    let status = sh_as(uid, gid, &m.mnt, &format!("{bin} status {mnt}"));
+    assert!(status.contains("checkpoints:    2"), "{status}");
+    sh_as(uid, gid, Path::new("/"), &format!("{bin} umount {mnt}"));
+    assert!(!is_mount_point(&m.mnt));
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || !process_alive(pid)),
+        "daemon {pid} still alive after umount"
+    );
+    reap(pid, std::time::Duration::from_secs(5));
+}
+
+fn which(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `dir` and everything below it.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].is_dir() && !out[i].is_symlink() {
+            for e in fs::read_dir(&out[i]).unwrap() {
+                out.push(e.unwrap().path());
+            }
+        }
+        i += 1;
+    }
+    out
+}
