@@ -685,7 +685,7 @@ impl std::fmt::Display for MountRefusal {
             MountpointDead(p) => write!(
                 f,
                 "mount point {} is a FUSE mount whose daemon is gone (transport endpoint is \
-                 not connected); clean it up with: umount -l {}",
+                 not connected); detach it with: umount -l {}",
                 p.display(),
                 p.display()
             ),
@@ -1079,19 +1079,99 @@ fn refuse(r: &MountRefusal) -> i32 {
     EXIT_USAGE
 }
 
+/// `mount` found MNT to be a dead FUSE mount (its daemon was killed or crashed). When it is
+/// recognisably this mount's own, it is detached and the mount goes ahead, recovering the
+/// history from the state dir's journal as after any crash. "Its own" means all of:
+/// - the kernel's mount table lists it as a checkpointfs mount of the same SRC;
+/// - the state dir this mount uses records MNT as its mount point;
+/// - no process holds that state dir's lock (the daemon is really gone: the kernel drops the
+///   lock when a process dies, even by `kill -9`).
+///
+/// Anything else is not ours to touch: the reason is returned and nothing is changed.
+fn recover_own_dead_mount(a: &MountArgs, dead: &Path, env: &Environment) -> Result<(), String> {
+    let mnt = resolve_mountpoint(dead).map_err(|e| format!("cannot resolve it: {e}"))?;
+    let source = fs::canonicalize(&a.src).map_err(|e| format!("source: {e}"))?;
+    let entry = find_mount(&mnt)
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?
+        .ok_or("it is not in the mount table")?;
+    if !is_checkpointfs_mount(&entry) {
+        return Err(format!("it is a {} mount", entry.fstype));
+    }
+    if entry.source.as_bytes() != source.as_os_str().as_bytes() {
+        return Err(format!(
+            "it mounted {}, not {}",
+            entry.source.to_string_lossy(),
+            source.display()
+        ));
+    }
+    let state = match &a.state_dir {
+        Some(s) => canonicalize_lenient(s).map(|(p, _)| p).ok(),
+        None => default_state_dir(&source, env.xdg_data_home.as_deref(), env.home.as_deref()),
+    }
+    .ok_or("no state dir")?;
+    let recorded = fs::read(state.join(MOUNTPOINT_FILE))
+        .map_err(|e| format!("{}/{MOUNTPOINT_FILE}: {e}", state.display()))?;
+    if recorded.strip_suffix(b"\n") != Some(mnt.as_os_str().as_bytes()) {
+        return Err(format!(
+            "the state dir {} records another mount point",
+            state.display()
+        ));
+    }
+    // Held only for the check: the daemon takes it again when it starts.
+    drop(crate::state_lock::StateLock::acquire(&state).map_err(|e| e.to_string())?);
+    let old_pid = read_pid_file(&state.join(PID_FILE));
+    match umount_syscall(&mnt, true) {
+        Ok(()) => {}
+        Err(e) if errno_of(&e) == libc::EPERM && fusermount_unmount(&mnt, true) => {}
+        Err(e) => return Err(format!("detaching it failed: {}", io_error_text(&e))),
+    }
+    eprintln!(
+        "checkpointfs: {} was still mounted by a daemon that is gone{} (killed or crashed); \
+         detached that dead mount and mounting again, recovering the history from {}",
+        mnt.display(),
+        old_pid.map_or_else(String::new, |p| format!(" (pid {p})")),
+        state.display()
+    );
+    Ok(())
+}
+
+/// The environment `mount` validates against (it includes a snapshot of the mount table).
+fn mount_environment() -> Result<Environment, i32> {
+    Environment::current().map_err(|e| {
+        eprintln!(
+            "checkpointfs: cannot read /proc/self/mountinfo: {}",
+            io_error_text(&e)
+        );
+        EXIT_FAILURE
+    })
+}
+
 fn mount(a: MountArgs) -> i32 {
-    let env = match Environment::current() {
+    let mut env = match mount_environment() {
         Ok(env) => env,
-        Err(e) => {
-            eprintln!(
-                "checkpointfs: cannot read /proc/self/mountinfo: {}",
-                io_error_text(&e)
-            );
-            return EXIT_FAILURE;
-        }
+        Err(code) => return code,
     };
     let paths = match validate_mount(&a.src, &a.mnt, a.state_dir.as_deref(), &env) {
         Ok(p) => p,
+        Err(MountRefusal::MountpointDead(dead)) => {
+            if let Err(why) = recover_own_dead_mount(&a, &dead, &env) {
+                eprintln!(
+                    "checkpointfs: cannot mount: {}; it is not recognisably this mount's own \
+                     ({why}), so it was left alone",
+                    MountRefusal::MountpointDead(dead.clone())
+                );
+                return EXIT_USAGE;
+            }
+            // The mount table changed: validate against the new one.
+            env = match mount_environment() {
+                Ok(env) => env,
+                Err(code) => return code,
+            };
+            match validate_mount(&a.src, &a.mnt, a.state_dir.as_deref(), &env) {
+                Ok(p) => p,
+                Err(r) => return refuse(&r),
+            }
+        }
         Err(r) => return refuse(&r),
     };
     if !paths.state_dir_exists

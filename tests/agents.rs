@@ -263,3 +263,64 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Waits until the dead mount at `mnt` answers ENOTCONN (for a moment after the daemon's
+/// death, requests in flight get ECONNABORTED or ECANCELED instead).
+fn wait_for_dead_endpoint(mnt: &Path) {
+    let settled = wait_until(std::time::Duration::from_secs(10), || {
+        fs::metadata(mnt.join("probe"))
+            .err()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::ENOTCONN)
+    });
+    assert!(settled, "the dead mount never answered ENOTCONN");
+}
+
+#[test]
+fn mount_after_kill9_recovers_its_own_dead_mount() {
+    let mut t = TestMount::new();
+    fs::write(t.mnt.join("f"), "at c1\n").unwrap();
+    checkpoint(&t, "c1");
+    fs::write(t.mnt.join("f"), "after c1\n").unwrap();
+    t.kill_daemon();
+    wait_for_dead_endpoint(&t.mnt);
+
+    // Someone else's dead mount is not touched: another SRC and state dir at the same MNT.
+    let other = TestMount::unmounted(&[]);
+    let out = cli(&[
+        "mount".as_ref(),
+        other.src.as_os_str(),
+        t.mnt.as_os_str(),
+        "--state-dir".as_ref(),
+        other.state.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not recognisably this mount's own"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(is_mount_point(&t.mnt), "a foreign dead mount was detached");
+
+    // The same mount again needs no manual step: the dead mount is detached, the history
+    // recovered from the journal.
+    let out = cli(&[
+        "mount".as_ref(),
+        t.src.as_os_str(),
+        t.mnt.as_os_str(),
+        "--state-dir".as_ref(),
+        t.state.as_os_str(),
+    ]);
+    assert!(out.status.success(), "remount: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("detached that dead mount and mounting again"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(fs::read_to_string(t.mnt.join("f")).unwrap(), "after c1\n");
+    assert_eq!(
+        fs::read_to_string(at(&t, "c1").join("f")).unwrap(),
+        "at c1\n"
+    );
+    t.umount();
+}
