@@ -233,21 +233,17 @@ fn with_checkpoints_runs_unmounts_and_the_edit_can_be_rewound() {
             "pwd; ls; exit 3",
         ],
         Path::new("/"),
-        &[("TMPDIR", tmp.to_str().unwrap())],
+        &[("XDG_RUNTIME_DIR", tmp.to_str().unwrap())],
         b"",
     );
     assert_eq!(out.status.code(), Some(3), "stderr: {}", stderr(&out));
     let lines: Vec<String> = stdout(&out).lines().map(String::from).collect();
-    assert!(
-        lines[0].starts_with(&format!("{}/checkpointfs.", tmp.display())),
-        "{lines:?}"
-    );
+    assert_eq!(lines[0], stable_mountpoint(&tmp, &m.src).display().to_string());
     assert_eq!(&lines[1..], ["a.txt", "sub"]);
     assert_nothing_mounted_under(&root);
-    assert_eq!(
-        fs::read_dir(&tmp).unwrap().count(),
-        0,
-        "mktemp mount point left behind"
+    assert!(
+        !stable_mountpoint(&tmp, &m.src).exists(),
+        "mount point left behind"
     );
 
     // Bad usage and a command that does not exist.
@@ -272,7 +268,7 @@ fn with_checkpoints_runs_unmounts_and_the_edit_can_be_rewound() {
             "/nonexistent/cmd",
         ],
         Path::new("/"),
-        &[("TMPDIR", tmp.to_str().unwrap())],
+        &[("XDG_RUNTIME_DIR", tmp.to_str().unwrap())],
         b"",
     );
     assert_eq!(out.status.code(), Some(127), "stderr: {}", stderr(&out));
@@ -287,6 +283,125 @@ fn with_checkpoints_runs_unmounts_and_the_edit_can_be_rewound() {
     assert_eq!(fs::read_to_string(m.mnt.join("b.txt")).unwrap(), "bravo\n");
     assert_eq!(common::tree_listing(&m.mnt), before);
     m.umount();
+}
+
+/// with-checkpoints' default mount point: $XDG_RUNTIME_DIR/checkpointfs/<name>-<16 hex of
+/// sha256(SRC)>.
+fn stable_mountpoint(xdg_runtime_dir: &Path, src: &Path) -> PathBuf {
+    use sha2::{Digest, Sha256};
+    let src = fs::canonicalize(src).unwrap();
+    let hex: String = Sha256::digest(src.as_os_str().as_encoded_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    xdg_runtime_dir.join("checkpointfs").join(format!(
+        "{}-{}",
+        src.file_name().unwrap().to_string_lossy(),
+        &hex[..16]
+    ))
+}
+
+/// Agents that key sessions by their cwd (`claude --continue`, folder trust) need the same
+/// mount point every run; a second run while the first is live joins its mount; a base
+/// directory someone else could have planted is refused.
+#[test]
+fn with_checkpoints_mounts_at_one_stable_path_and_joins_a_live_mount() {
+    let m = TestMount::unmounted(&[]);
+    let root = m.root();
+    let _guard = RootGuard(root.clone());
+    let xdg = root.join("xdg");
+    fs::create_dir(&xdg).unwrap();
+    fs::set_permissions(&xdg, fs::Permissions::from_mode(0o700)).unwrap();
+    let env = [("XDG_RUNTIME_DIR", xdg.to_str().unwrap())];
+    let expected = stable_mountpoint(&xdg, &m.src);
+    let state = m.state.to_str().unwrap();
+    let src = m.src.to_str().unwrap();
+    let run = |cmd: &str| {
+        run_with(
+            &script("with-checkpoints"),
+            &["--state-dir", state, src, "--", "sh", "-c", cmd],
+            Path::new("/"),
+            &env,
+            b"",
+        )
+    };
+    for round in 1..=2 {
+        let out = run("echo \"$CHECKPOINTFS_MNT\"; pwd");
+        assert!(out.status.success(), "run {round}: {}", stderr(&out));
+        let p = expected.display().to_string();
+        assert_eq!(stdout(&out), format!("{p}\n{p}\n"), "run {round}");
+        assert_nothing_mounted_under(&root);
+    }
+
+    // A live run holds the mount (it waits on a fifo); a second run joins it and leaves it
+    // mounted; the first unmounts when it ends.
+    let sync = root.join("sync");
+    fs::create_dir(&sync).unwrap();
+    let fifo = sync.join("go");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let first_cmd = format!(
+        "echo ready > '{0}/ready' && read line < '{0}/go' && cat from-second.txt",
+        sync.display()
+    );
+    let mut first = Command::new(script("with-checkpoints"))
+        .args(["--state-dir", state, src, "--", "sh", "-c", &first_cmd])
+        .env("CHECKPOINTFS", BIN)
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || sync.join("ready").exists()),
+        "the first run never started its command"
+    );
+    let out = run("echo second > from-second.txt; pwd");
+    assert!(out.status.success(), "second run: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already mounted at"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), format!("{}\n", expected.display()));
+    assert!(is_mount_point(&expected), "the joining run unmounted the live mount");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&fifo)
+        .unwrap()
+        .write_all(b"go\n")
+        .unwrap();
+    let out = first.wait_with_output().unwrap();
+    assert!(out.status.success(), "first run: {}", stderr(&out));
+    assert_eq!(stdout(&out), "second\n");
+    assert_nothing_mounted_under(&root);
+    assert_eq!(
+        fs::read_to_string(m.src.join("from-second.txt")).unwrap(),
+        "second\n"
+    );
+
+    // A base directory that is a symlink (planted in a shared directory) is refused.
+    let planted = root.join("planted");
+    fs::create_dir(&planted).unwrap();
+    let xdg2 = root.join("xdg2");
+    fs::create_dir(&xdg2).unwrap();
+    std::os::unix::fs::symlink(&planted, xdg2.join("checkpointfs")).unwrap();
+    let out = run_with(
+        &script("with-checkpoints"),
+        &["--state-dir", state, src, "--", "true"],
+        Path::new("/"),
+        &[("XDG_RUNTIME_DIR", xdg2.to_str().unwrap())],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is a symlink"), "{}", stderr(&out));
+    assert_eq!(fs::read_dir(&planted).unwrap().count(), 0);
+    assert_nothing_mounted_under(&root);
 }
 
 /// SIGTERM to with-checkpoints: passed on to the command (killed after the grace period if
