@@ -273,6 +273,11 @@ pub struct RewindArgs {
     #[arg(short = 'n', long)]
     pub dry_run: bool,
 
+    /// Rewind agent state too (.claude/settings.local.json, aider's histories: see
+    /// docs/usage.md), which a rewind otherwise leaves as it is
+    #[arg(long)]
+    pub rewind_agent_state: bool,
+
     /// Restore only these paths (relative to MNT, or absolute paths under MNT)
     #[arg(last = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
@@ -501,7 +506,9 @@ where
         Command::Mount(a) => mount(a),
         Command::Umount(a) => umount(&a.mnt, a.lazy, Duration::from_secs(a.timeout)),
         Command::Checkpoint(a) => commands::checkpoint(&a.mnt, &a.id),
-        Command::Rewind(a) => commands::rewind(&a.mnt, &a.id, a.dry_run, &a.paths),
+        Command::Rewind(a) => {
+            commands::rewind(&a.mnt, &a.id, a.dry_run, a.rewind_agent_state, &a.paths)
+        }
         Command::Log(a) => match target(a.target) {
             Ok(t) => commands::log(&t, a.json),
             Err(code) => code,

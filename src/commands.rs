@@ -322,7 +322,13 @@ fn path_in_saved_tree(state_dir: &Path, p: &Path) -> Result<String, String> {
 }
 
 /// `checkpointfs rewind MNT ID [--dry-run] [-- PATH...]`.
-pub fn rewind(mnt: &Path, id: &str, dry_run: bool, paths: &[PathBuf]) -> i32 {
+pub fn rewind(
+    mnt: &Path,
+    id: &str,
+    dry_run: bool,
+    rewind_agent_state: bool,
+    paths: &[PathBuf],
+) -> i32 {
     let state_dir = match state_dir_of_mount(mnt) {
         Ok(d) => d,
         Err(code) => return code,
@@ -343,6 +349,7 @@ pub fn rewind(mnt: &Path, id: &str, dry_run: bool, paths: &[PathBuf]) -> i32 {
             id: id.to_string(),
             dry_run,
             paths: rels,
+            rewind_agent_state,
             progress: io::stderr().is_terminal(),
         },
     )

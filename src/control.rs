@@ -46,6 +46,9 @@ pub enum Request {
         id: String,
         dry_run: bool,
         paths: Vec<String>,
+        /// Rewind agent state too (see `history::agent_state`); by default it is kept.
+        #[serde(default)]
+        rewind_agent_state: bool,
         /// Stream progress lines (the CLI asks when its stderr is a terminal).
         #[serde(default)]
         progress: bool,
@@ -274,6 +277,7 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             id,
             dry_run,
             paths,
+            rewind_agent_state,
             progress: wanted,
         } => {
             let mut step = |done: usize, total: usize| {
@@ -281,7 +285,7 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
                     progress(format!("rewind: {done}/{total} paths"), done == total);
                 }
             };
-            crate::history::rewind::rewind(fs, &id, dry_run, &paths, &mut step)
+            crate::history::rewind::rewind(fs, &id, dry_run, &paths, rewind_agent_state, &mut step)
         }
         Request::Gc {
             keep,

@@ -324,3 +324,61 @@ fn mount_after_kill9_recovers_its_own_dead_mount() {
     );
     t.umount();
 }
+
+#[test]
+fn a_rewind_keeps_agent_state_unless_asked() {
+    let mut m = TestMount::unmounted(&[]);
+    fs::write(m.src.join("main.rs"), "v1\n").unwrap();
+    fs::write(m.src.join(".aider.chat.history.md"), "# turn 1\n").unwrap();
+    m.mount();
+    checkpoint(&m, "c1");
+    // The agent's work, and what the agent writes about itself meanwhile: Claude Code's
+    // granted permissions (in a new .claude/), aider's chat history.
+    sh(
+        &m,
+        "echo v2 > main.rs && mkdir .claude && \
+         echo '{\"permissions\":{\"allow\":[\"Bash(cargo test)\"]}}' > .claude/settings.local.json && \
+         echo '# turn 2' >> .aider.chat.history.md",
+    );
+    let settings = fs::read(m.mnt.join(".claude/settings.local.json")).unwrap();
+    let history = fs::read(m.mnt.join(".aider.chat.history.md")).unwrap();
+
+    let dry = rewind(&m, "c1", &["--dry-run"]);
+    assert!(
+        dry.contains("would keep .claude/settings.local.json (agent state"),
+        "{dry}"
+    );
+    assert!(
+        dry.contains("would keep .claude (holds agent state"),
+        "{dry}"
+    );
+    assert!(dry.contains("would rewrite  main.rs"), "{dry}");
+
+    let out = rewind(&m, "c1", &[]);
+    assert!(out.contains("kept .claude/settings.local.json"), "{out}");
+    assert!(out.contains("kept .aider.chat.history.md"), "{out}");
+    assert_eq!(fs::read_to_string(m.mnt.join("main.rs")).unwrap(), "v1\n");
+    assert_eq!(
+        fs::read(m.mnt.join(".claude/settings.local.json")).unwrap(),
+        settings
+    );
+    assert_eq!(
+        fs::read(m.mnt.join(".aider.chat.history.md")).unwrap(),
+        history
+    );
+
+    // Naming an agent-state path rewinds it; --rewind-agent-state rewinds all of it.
+    rewind(&m, "c1", &["--", ".aider.chat.history.md"]);
+    assert_eq!(
+        fs::read_to_string(m.mnt.join(".aider.chat.history.md")).unwrap(),
+        "# turn 1\n"
+    );
+    assert!(m.mnt.join(".claude/settings.local.json").exists());
+    rewind(&m, "c1", &["--rewind-agent-state"]);
+    assert!(!m.mnt.join(".claude").exists());
+    assert_eq!(
+        tree_listing(&m.mnt),
+        tree_listing(&at(&m, "c1")),
+        "the whole tree equals c1"
+    );
+}

@@ -238,7 +238,10 @@ fn with_checkpoints_runs_unmounts_and_the_edit_can_be_rewound() {
     );
     assert_eq!(out.status.code(), Some(3), "stderr: {}", stderr(&out));
     let lines: Vec<String> = stdout(&out).lines().map(String::from).collect();
-    assert_eq!(lines[0], stable_mountpoint(&tmp, &m.src).display().to_string());
+    assert_eq!(
+        lines[0],
+        stable_mountpoint(&tmp, &m.src).display().to_string()
+    );
     assert_eq!(&lines[1..], ["a.txt", "sub"]);
     assert_nothing_mounted_under(&root);
     assert!(
@@ -349,7 +352,7 @@ fn with_checkpoints_mounts_at_one_stable_path_and_joins_a_live_mount() {
         "echo ready > '{0}/ready' && read line < '{0}/go' && cat from-second.txt",
         sync.display()
     );
-    let mut first = Command::new(script("with-checkpoints"))
+    let first = Command::new(script("with-checkpoints"))
         .args(["--state-dir", state, src, "--", "sh", "-c", &first_cmd])
         .env("CHECKPOINTFS", BIN)
         .env("XDG_RUNTIME_DIR", &xdg)
@@ -369,7 +372,10 @@ fn with_checkpoints_mounts_at_one_stable_path_and_joins_a_live_mount() {
         stderr(&out)
     );
     assert_eq!(stdout(&out), format!("{}\n", expected.display()));
-    assert!(is_mount_point(&expected), "the joining run unmounted the live mount");
+    assert!(
+        is_mount_point(&expected),
+        "the joining run unmounted the live mount"
+    );
     fs::OpenOptions::new()
         .write(true)
         .open(&fifo)

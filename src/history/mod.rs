@@ -41,6 +41,7 @@
 //! flushes the ones already queued before it takes `state` (see `gc`). The exclusion
 //! matchers' caches (`exclusions`) are leaf locks, never taken with `state` held and never
 //! one inside the other.
+pub mod agent_state;
 pub mod exclusions;
 pub mod gc;
 pub mod logdiff;

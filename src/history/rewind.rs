@@ -14,8 +14,8 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use log::info;
 use sha2::{Digest, Sha256};
 
-use super::History;
 use super::view::ViewEntry;
+use super::{History, agent_state};
 use crate::fs::{PassthroughFs, sys};
 use crate::transcript::record::EntryKind;
 
@@ -190,13 +190,57 @@ impl History {
     }
 }
 
+/// A path a rewind leaves as it is, and why.
+struct Kept {
+    path: String,
+    why: String,
+}
+
+/// Splits off the steps a rewind leaves alone as agent state (see [`agent_state`]): paths a
+/// rule matches, unless `only` names them (or the agent-state directory holding them), and the
+/// removal of a directory that would still hold a kept path.
+fn keep_agent_state(steps: Vec<Step>, only: &[String]) -> (Vec<Step>, Vec<Kept>) {
+    let named = |path: &str| {
+        only.iter().any(|o| {
+            !o.is_empty()
+                && agent_state::matching_rule(o).is_some()
+                && agent_state::is_at_or_below(path, o)
+        })
+    };
+    let mut kept = Vec::new();
+    let mut rest = Vec::new();
+    for step in steps {
+        match agent_state::matching_rule(step.path()) {
+            Some(rule) if !named(step.path()) => kept.push(Kept {
+                path: step.path().to_string(),
+                why: format!("agent state, rule '{rule}'"),
+            }),
+            _ => rest.push(step),
+        }
+    }
+    let holds_kept = |dir: &str| {
+        kept.iter()
+            .any(|k| k.path != dir && agent_state::is_at_or_below(&k.path, dir))
+    };
+    let (holding, steps): (Vec<Step>, Vec<Step>) = rest.into_iter().partition(
+        |s| matches!(s, Step::Remove { kind: EntryKind::Dir, path } if holds_kept(path)),
+    );
+    kept.extend(holding.into_iter().map(|s| Kept {
+        path: s.path().to_string(),
+        why: "holds agent state".to_string(),
+    }));
+    (steps, kept)
+}
+
 /// Rewinds the mounted tree to checkpoint `id` (only `paths` when given). Returns the
 /// report the CLI prints; `progress(done, total)` follows the changes as they are made.
+/// Agent state (see [`agent_state`]) is left alone unless `rewind_agent_state`.
 pub fn rewind(
     fs: &PassthroughFs,
     id: &str,
     dry_run: bool,
     paths: &[String],
+    rewind_agent_state: bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> io::Result<String> {
     let history = fs.history();
@@ -219,7 +263,20 @@ pub fn rewind(
         }
     }
     let steps = history.plan_rewind(k, &only)?;
+    let (steps, kept) = if rewind_agent_state {
+        (steps, Vec::new())
+    } else {
+        keep_agent_state(steps, &only)
+    };
     let mut out = String::new();
+    for k in &kept {
+        out.push_str(&format!(
+            "{} {} ({}; --rewind-agent-state rewinds it)\n",
+            if dry_run { "would keep" } else { "kept" },
+            k.path,
+            k.why
+        ));
+    }
     if dry_run {
         if steps.is_empty() {
             out.push_str(&format!(
