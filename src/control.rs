@@ -324,6 +324,12 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             .and_then(|mut report| {
                 report.mounted = true;
                 report.daemon_pid = Some(std::process::id());
+                report.io = Some(crate::history::status::IoMode {
+                    kernel_passthrough: fs.passthrough_enabled(),
+                    passthrough_off_reason: fs.passthrough_off_reason().map(str::to_string),
+                    // SAFETY: geteuid has no preconditions.
+                    daemon_uid: unsafe { libc::geteuid() },
+                });
                 report.render(json)
             }),
     };

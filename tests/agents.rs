@@ -40,6 +40,13 @@ t.join()
     checkpoint(&m, "c1");
     let log = cli_ok(&["log", m.mnt.to_str().unwrap()]);
     assert!(log.contains("M f.txt  (by python3)"), "log:\n{log}");
+    // As root, the mount is made with mount(2) and reads and writes bypass the daemon.
+    let status = cli_ok(&["status", m.mnt.to_str().unwrap()]);
+    assert!(
+        status.contains("file io:        kernel passthrough (")
+            && status.contains("mounted by:     root (mount(2))"),
+        "{status}"
+    );
     assert!(!log.contains("Pool Worker"), "log names the thread:\n{log}");
     m.umount();
     // The transcript records the process: its pid is the thread group, with its executable.
@@ -233,6 +240,17 @@ fn a_normal_user_mounts_through_fusermount3() {
     assert_eq!(sh_as(uid, gid, &m.mnt, "cat notes.txt"), "v2\n");
     let status = sh_as(uid, gid, &m.mnt, &format!("{bin} status {mnt}"));
     assert!(status.contains("checkpoints:    2"), "{status}");
+    assert!(
+        status.contains(&format!(
+            "file io:        served by the daemon (kernel passthrough is off: it needs \
+             CAP_SYS_ADMIN, which this daemon (uid {uid}) lacks"
+        )),
+        "{status}"
+    );
+    assert!(
+        status.contains(&format!("mounted by:     uid {uid} (fusermount3)")),
+        "{status}"
+    );
     sh_as(uid, gid, Path::new("/"), &format!("{bin} umount {mnt}"));
     assert!(!is_mount_point(&m.mnt));
     assert!(

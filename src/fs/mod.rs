@@ -98,6 +98,23 @@ pub struct PassthroughFs {
     gate: Gate,
     virt: virt::VirtualTree,
     passthrough: AtomicBool,
+    /// Why kernel passthrough is off; set once, when it goes off (or at start).
+    passthrough_off: std::sync::OnceLock<String>,
+}
+
+/// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
+/// needs (FUSE_DEV_IOC_BACKING_OPEN checks it). Read from `/proc/self/status`; if that
+/// cannot be read, assume it does and let the first open find out.
+fn has_cap_sys_admin() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return true;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 fn errno(code: i32) -> io::Error {
@@ -112,13 +129,39 @@ impl PassthroughFs {
         } else {
             src_prefix
         };
+        let passthrough_off = std::sync::OnceLock::new();
+        let passthrough = if !cfg.passthrough {
+            let _ = passthrough_off.set("switched off with --no-passthrough".to_string());
+            false
+        } else if !has_cap_sys_admin() {
+            // SAFETY: geteuid has no preconditions.
+            let uid = unsafe { libc::geteuid() };
+            let why = format!(
+                "it needs CAP_SYS_ADMIN, which this daemon (uid {uid}) lacks, as any normal \
+                 user's mount does"
+            );
+            info!("kernel passthrough off: {why}; reads and writes are served by the daemon");
+            let _ = passthrough_off.set(why);
+            false
+        } else {
+            true
+        };
         Ok(PassthroughFs {
             inodes: InodeTable::new(root)?,
             handles: HandleTable::default(),
             gate: Gate::new(history, src_prefix),
             virt: virt::VirtualTree::new(cfg.state_dir),
-            passthrough: AtomicBool::new(cfg.passthrough),
+            passthrough: AtomicBool::new(passthrough),
+            passthrough_off,
         })
+    }
+
+    /// Why kernel passthrough is off, or `None` while it is on.
+    pub fn passthrough_off_reason(&self) -> Option<&str> {
+        if self.passthrough_enabled() {
+            return None;
+        }
+        Some(self.passthrough_off.get().map_or("unknown", String::as_str))
     }
 
     pub fn history(&self) -> &Arc<History> {
@@ -128,6 +171,7 @@ impl PassthroughFs {
     /// Kernel passthrough could not be set up: serve IO in the daemon from now on.
     pub fn disable_passthrough(&self, why: &str) {
         if self.passthrough.swap(false, Ordering::Relaxed) {
+            let _ = self.passthrough_off.set(why.to_string());
             warn!("kernel passthrough disabled: {why}; serving IO in the daemon");
         }
     }

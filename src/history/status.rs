@@ -28,8 +28,22 @@ pub struct StatusReport {
     pub store: StoreUsage,
     pub pending_copies: usize,
     pub exclusions: ExclusionSummary,
+    /// How reads and writes are served; known only when a daemon answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoMode>,
     /// The answer for `--path`.
     pub path: Option<PathStatus>,
+}
+
+/// How a live mount serves file reads and writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct IoMode {
+    /// Kernel FUSE passthrough: the kernel reads and writes the backing files itself.
+    pub kernel_passthrough: bool,
+    /// Why kernel passthrough is off (`null` while it is on).
+    pub passthrough_off_reason: Option<String>,
+    /// The uid the daemon runs as (0: mounted with mount(2); else through fusermount3).
+    pub daemon_uid: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -227,6 +241,7 @@ impl History {
             },
             pending_copies: self.pending_copies(),
             exclusions,
+            io: None,
             path,
         })
     }
@@ -333,6 +348,20 @@ impl StatusReport {
             self.store.objects, self.store.bytes
         );
         let _ = writeln!(out, "pending copies: {}", self.pending_copies);
+        if let Some(io) = &self.io {
+            let how = match &io.passthrough_off_reason {
+                None => "kernel passthrough (the kernel reads and writes SRC's files itself)"
+                    .to_string(),
+                Some(why) => format!("served by the daemon (kernel passthrough is off: {why})"),
+            };
+            let _ = writeln!(out, "file io:        {how}");
+            let mounted_by = if io.daemon_uid == 0 {
+                "root (mount(2))".to_string()
+            } else {
+                format!("uid {} (fusermount3)", io.daemon_uid)
+            };
+            let _ = writeln!(out, "mounted by:     {mounted_by}");
+        }
         self.exclusions_text(&mut out);
         out
     }
