@@ -290,7 +290,7 @@ pub struct LogArgs {
     #[command(flatten)]
     pub target: TargetArgs,
 
-    /// Print JSON (schema "checkpointfs.log/1", see docs/json-output.md)
+    /// Print JSON (schema "checkpointfs.log/2", see docs/json-output.md)
     #[arg(long)]
     pub json: bool,
 }

@@ -295,9 +295,14 @@ fn log_names_the_tools_and_diff_shows_the_change() {
     let out = cli(&["log", mnt]);
     assert!(out.status.success(), "{}", stderr(&out));
     let log = stdout(&out);
-    let m2 = &log[log.find("m2").expect("m2 in log")..];
-    assert!(m2.contains("M a.txt") && m2.contains("sed"), "{log}");
-    assert!(m2.contains("A bin.dat"), "{log}");
+    // By prompt: the changes made after m1 (in answer to it) are listed under m1.
+    let m1 = &log[log.find("m1").expect("m1 in log")..log.find("m2").expect("m2 in log")];
+    assert!(m1.contains("M a.txt  (by sed)"), "{log}");
+    assert!(m1.contains("A bin.dat"), "{log}");
+    assert!(
+        log.contains("m2  ") && log.ends_with("(up to now)\n    (no changes)\n"),
+        "{log}"
+    );
 
     let out = cli(&["diff", mnt, "m1", "m2"]);
     let diff = stdout(&out);

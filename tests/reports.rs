@@ -273,7 +273,7 @@ fn log_json_lists_checkpoints_changes_and_actors_like_the_text() {
     let mnt = m.mnt.to_str().unwrap().to_string();
     let text = ok(&["log", &mnt]);
     let log = json(&["log", &mnt, "--json"]);
-    assert_eq!(log["schema"], "checkpointfs.log/1");
+    assert_eq!(log["schema"], "checkpointfs.log/2");
     let cps = log["checkpoints"].as_array().unwrap();
     let ids: Vec<&str> = cps.iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["m1", "m2"]);
@@ -281,16 +281,19 @@ fn log_json_lists_checkpoints_changes_and_actors_like_the_text() {
     for c in cps {
         // The text shows the same time.
         let line = format!(
-            "{}  {}\n",
+            "{}  {}",
             c["id"].as_str().unwrap(),
             c["time"].as_str().unwrap()
         );
         assert!(text.contains(&line), "{line:?} not in:\n{text}");
     }
-    assert_eq!(cps[0]["files_changed"], 0);
-    assert_eq!(cps[0]["changes"], serde_json::json!([]));
-    assert_eq!(cps[1]["files_changed"], 7);
-    let changes = cps[1]["changes"].as_array().unwrap();
+    // Nothing was changed before m1; the work done in answer to m1, up to m2, is m1's.
+    assert_eq!(log["before_first"]["files_changed"], 0);
+    assert_eq!(log["before_first"]["changes"], serde_json::json!([]));
+    assert!(log["before_first"].get("dropped").is_none());
+    assert_eq!(cps[0]["until"], "m2");
+    assert_eq!(cps[0]["files_changed"], 7);
+    let changes = cps[0]["changes"].as_array().unwrap();
     let change = |path: &str| {
         changes
             .iter()
@@ -310,26 +313,26 @@ fn log_json_lists_checkpoints_changes_and_actors_like_the_text() {
     assert_eq!(change("link")["after"]["target"], "new.txt");
     assert!(text.contains("    M a.txt  (by sh)\n"), "{text}");
     assert!(text.contains("    M run.sh  (by chmod)\n"), "{text}");
+    let m1_text = &text[text.find("m1  ").unwrap()..text.find("m2  ").unwrap()];
+    assert!(m1_text.contains("    A new.txt"), "{text}");
 
-    let pending = &log["uncheckpointed"];
-    assert_eq!(pending["since"], "m2");
-    assert_eq!(pending["files_changed"], 1);
-    assert_eq!(pending["changes"][0]["path"], "a.txt");
+    // The latest checkpoint's changes run up to the live tree.
+    let latest = &cps[1];
+    assert!(latest["until"].is_null());
+    assert_eq!(latest["files_changed"], 1);
+    assert_eq!(latest["changes"][0]["path"], "a.txt");
     assert_eq!(
-        pending["changes"][0]["after"]["sha256"],
+        latest["changes"][0]["after"]["sha256"],
         sha256_hex(A_LIVE.as_bytes())
     );
-    assert!(
-        text.contains("(since m2, not yet checkpointed)\n    M a.txt"),
-        "{text}"
-    );
+    assert!(text.contains("  (up to now)\n    M a.txt"), "{text}");
 
     // Unmounted, from the state dir: the same history.
     let state = m.state.to_str().unwrap().to_string();
     m.umount();
     let offline = json(&["log", "--state-dir", &state, "--json"]);
     assert_eq!(offline["checkpoints"], log["checkpoints"]);
-    assert_eq!(offline["uncheckpointed"]["since"], "m2");
+    assert_eq!(offline["before_first"], log["before_first"]);
 }
 
 #[test]
@@ -355,7 +358,7 @@ fn json_errors_go_to_stderr_and_print_no_json() {
     let empty = TestMount::new();
     let log = json(&["log", empty.mnt.to_str().unwrap(), "--json"]);
     assert_eq!(log["checkpoints"], serde_json::json!([]));
-    assert!(log["uncheckpointed"]["since"].is_null());
+    assert_eq!(log["before_first"]["files_changed"], 0);
 }
 
 #[test]

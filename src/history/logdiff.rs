@@ -17,7 +17,7 @@ use super::view::{ViewContent, ViewEntry};
 use crate::transcript::record::{EntryKind, FILE_HISTORY_SNAPSHOT, rfc3339};
 use crate::transcript::replay::read_transcript;
 
-pub const LOG_SCHEMA: &str = "checkpointfs.log/1";
+pub const LOG_SCHEMA: &str = "checkpointfs.log/2";
 pub const DIFF_SCHEMA: &str = "checkpointfs.diff/1";
 
 /// The width git's `--stat` fits its lines into (it uses the terminal's; reports here do
@@ -124,13 +124,27 @@ fn to_json<T: Serialize>(report: &T) -> io::Result<String> {
 // log
 // ---------------------------------------------------------------------------------------
 
+/// The log, organised by prompt: a checkpoint is taken when a prompt is submitted, so each
+/// checkpoint lists what changed *after* it — the work done in answer to that prompt — up to
+/// the next checkpoint (the last: up to the live tree).
 #[derive(Debug, Clone, Serialize)]
 pub struct LogReport {
     pub schema: &'static str,
+    /// What changed before the first checkpoint, from the tree as it was before anything
+    /// changed through the mount.
+    pub before_first: LogSpan,
     /// Oldest first.
     pub checkpoints: Vec<LogCheckpoint>,
-    /// What changed after the last checkpoint (or since the mount, when there is none).
-    pub uncheckpointed: LogPending,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogSpan {
+    pub files_changed: usize,
+    pub changes: Vec<LogChange>,
+    /// `checkpointfs gc` dropped the checkpoints before the first one: what changed before
+    /// it is no longer known, so `changes` is empty.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dropped: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -138,20 +152,11 @@ pub struct LogCheckpoint {
     pub id: String,
     #[serde(flatten)]
     pub time: Timestamp,
+    /// The next checkpoint, where this one's changes end; `None`: this is the latest, and its
+    /// changes run up to the live tree.
+    pub until: Option<String>,
     pub files_changed: usize,
-    /// Since the previous checkpoint (the first: since the mount).
-    pub changes: Vec<LogChange>,
-    /// Only on the oldest kept checkpoint after `gc` dropped older ones: what changed before
-    /// it is no longer known, so `changes` is empty.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub earlier_dropped: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct LogPending {
-    /// The last checkpoint; `None`: there is none yet.
-    pub since: Option<String>,
-    pub files_changed: usize,
+    /// From this checkpoint to `until` (or to the live tree).
     pub changes: Vec<LogChange>,
 }
 
@@ -195,42 +200,45 @@ impl History {
         Ok(out)
     }
 
-    /// Every checkpoint, oldest first, with what changed since the one before it and who
-    /// changed it; then what changed since the last one.
+    /// Every checkpoint, oldest first, with what changed after it up to the next one (the
+    /// last: up to now) and who changed it; and what changed before the first.
     pub fn log_report(&self) -> io::Result<LogReport> {
         let checkpoints = self.checkpoints();
         let actors = self.actors_by_epoch()?;
-        let mut out = Vec::with_capacity(checkpoints.len());
-        // `i` counts epochs as the transcript does (gc compacts it, so it starts at the
-        // oldest kept checkpoint); `k` is the checkpoint's index in memory.
+        // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
+        // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
         let (first_kept, history_dropped) = self.first_kept();
-        let mut prev = Point::Origin;
-        for (i, c) in checkpoints.iter().enumerate() {
-            let k = first_kept + i;
-            let earlier_dropped = i == 0 && history_dropped;
-            let changes = if earlier_dropped {
-                Vec::new()
+        let point = |i: usize| {
+            if i < checkpoints.len() {
+                Point::Checkpoint(first_kept + i)
             } else {
-                self.log_changes(prev, Point::Checkpoint(k), i, &actors)?
-            };
+                Point::Now
+            }
+        };
+        let before_first = if history_dropped {
+            Vec::new()
+        } else {
+            self.log_changes(Point::Origin, point(0), 0, &actors)?
+        };
+        let mut out = Vec::with_capacity(checkpoints.len());
+        for (i, c) in checkpoints.iter().enumerate() {
+            let changes = self.log_changes(point(i), point(i + 1), i + 1, &actors)?;
             out.push(LogCheckpoint {
                 id: c.id.clone(),
                 time: Timestamp::of(c.time),
+                until: checkpoints.get(i + 1).map(|n| n.id.clone()),
                 files_changed: changes.len(),
                 changes,
-                earlier_dropped,
             });
-            prev = Point::Checkpoint(k);
         }
-        let changes = self.log_changes(prev, Point::Now, checkpoints.len(), &actors)?;
         Ok(LogReport {
             schema: LOG_SCHEMA,
-            checkpoints: out,
-            uncheckpointed: LogPending {
-                since: checkpoints.last().map(|c| c.id.clone()),
-                files_changed: changes.len(),
-                changes,
+            before_first: LogSpan {
+                files_changed: before_first.len(),
+                changes: before_first,
+                dropped: history_dropped,
             },
+            checkpoints: out,
         })
     }
 
@@ -283,25 +291,28 @@ impl History {
 
 fn render_log(report: &LogReport) -> String {
     let mut out = String::new();
+    let before = &report.before_first;
+    if before.dropped {
+        out.push_str("(earlier checkpoints were dropped by gc)\n");
+    } else if !before.changes.is_empty() || report.checkpoints.is_empty() {
+        out.push_str(if report.checkpoints.is_empty() {
+            "(no checkpoint yet: changes since the mount)\n"
+        } else {
+            "(before the first checkpoint)\n"
+        });
+        render_log_changes(&mut out, &before.changes);
+    }
     if report.checkpoints.is_empty() {
         out.push_str("no checkpoints yet (write an id to MNT/.checkpoint/ctl, or: checkpointfs checkpoint MNT ID)\n");
     }
     for c in &report.checkpoints {
-        let _ = writeln!(out, "{}  {}", c.id, c.time.time);
-        if c.earlier_dropped {
-            out.push_str("    (earlier checkpoints were dropped by gc)\n");
+        let upto = if c.until.is_none() {
+            "  (up to now)"
         } else {
-            render_log_changes(&mut out, &c.changes);
-        }
-    }
-    let pending = &report.uncheckpointed;
-    if !pending.changes.is_empty() {
-        let _ = writeln!(
-            out,
-            "(since {}, not yet checkpointed)",
-            pending.since.as_deref().unwrap_or("the mount")
-        );
-        render_log_changes(&mut out, &pending.changes);
+            ""
+        };
+        let _ = writeln!(out, "{}  {}{upto}", c.id, c.time.time);
+        render_log_changes(&mut out, &c.changes);
     }
     out
 }
