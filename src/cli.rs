@@ -141,6 +141,44 @@ pub enum Command {
         Install: checkpointfs man --dir /usr/local/share/man/man1 && mandb"
     )]
     Man(ManArgs),
+    /// Install (or remove) the checkpoint-per-prompt hook in an agent's settings
+    #[command(
+        long_about = "Install the hook that takes a checkpoint at every prompt into an \
+        agent's settings.json, or remove it with --remove.\n\n\
+        claude: a UserPromptSubmit hook running mount-scripts/claude-code-hook, in \
+        ~/.claude/settings.json (--user, the default: every session, started anywhere) or \
+        DIR/.claude/settings.json (--project DIR: sessions started in DIR).\n\
+        gemini: a BeforeAgent hook running mount-scripts/gemini-cli-hook, in \
+        ~/.gemini/settings.json or DIR/.gemini/settings.json.\n\n\
+        The file is edited as JSON: other settings and hooks stay as they are. Running it \
+        twice installs one hook; --remove takes out only ours. Outside a checkpointfs mount \
+        the hook does nothing, so a user-level hook is harmless."
+    )]
+    InstallHook(InstallHookArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("scope").args(["user", "project"])))]
+pub struct InstallHookArgs {
+    /// The agent
+    #[arg(value_name = "AGENT", value_enum)]
+    pub agent: crate::install_hook::Agent,
+
+    /// The user's settings (~/.claude/settings.json, ~/.gemini/settings.json); the default
+    #[arg(long)]
+    pub user: bool,
+
+    /// The settings of the project in DIR (DIR/.claude/settings.json, ...)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<PathBuf>,
+
+    /// Remove the hook instead
+    #[arg(long)]
+    pub remove: bool,
+
+    /// The hook script to run (default: found next to this binary's checkout or install)
+    #[arg(long, value_name = "PATH", conflicts_with = "remove")]
+    pub hook: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -521,7 +559,76 @@ where
         Command::Completions(a) => manuals::completions(a.shell),
         Command::Man(a) => manuals::man(a.dir.as_deref()),
         Command::Gc(a) => gc(a),
+        Command::InstallHook(a) => install_hook(a),
     }
+}
+
+fn install_hook(a: InstallHookArgs) -> i32 {
+    use crate::install_hook::{self as ih, Outcome, Scope};
+    let scope = match &a.project {
+        Some(dir) => match fs::canonicalize(dir) {
+            Ok(d) if d.is_dir() => Scope::Project(d),
+            Ok(d) => {
+                eprintln!("checkpointfs: {} is not a directory", d.display());
+                return EXIT_USAGE;
+            }
+            Err(e) => {
+                eprintln!("checkpointfs: {}: {}", dir.display(), io_error_text(&e));
+                return EXIT_USAGE;
+            }
+        },
+        None => match std::env::var_os("HOME").filter(|h| Path::new(h).is_absolute()) {
+            Some(home) => Scope::User { home: home.into() },
+            None => {
+                eprintln!("checkpointfs: HOME is not set to an absolute path; use --project DIR");
+                return EXIT_USAGE;
+            }
+        },
+    };
+    let file = scope.settings_file(a.agent);
+    let result = if a.remove {
+        ih::remove(a.agent, &file)
+    } else {
+        let script = match &a.hook {
+            Some(p) => fs::canonicalize(p)
+                .map_err(|e| io::Error::new(e.kind(), format!("hook script {}: {e}", p.display()))),
+            None => ih::find_script(a.agent),
+        };
+        script.and_then(|s| {
+            ih::install(a.agent, &file, &s)
+                .map(|o| (o, s))
+                .map(|(o, s)| {
+                    if matches!(o, Outcome::Installed | Outcome::Updated) {
+                        println!("hook: {}", s.display());
+                    }
+                    o
+                })
+        })
+    };
+    let shown = file.display();
+    match result {
+        Ok(Outcome::Installed) => println!("installed the checkpointfs hook in {shown}"),
+        Ok(Outcome::Updated) => println!("updated the checkpointfs hook in {shown}"),
+        Ok(Outcome::AlreadyInstalled) => {
+            println!("the checkpointfs hook is already installed in {shown}")
+        }
+        Ok(Outcome::Removed(n)) => println!(
+            "removed the checkpointfs hook from {shown}{}",
+            if n > 1 {
+                format!(" ({n} entries)")
+            } else {
+                String::new()
+            }
+        ),
+        Ok(Outcome::NotInstalled) => {
+            println!("no checkpointfs hook in {shown}: nothing to remove")
+        }
+        Err(e) => {
+            eprintln!("checkpointfs: {}", io_error_text(&e));
+            return EXIT_FAILURE;
+        }
+    }
+    0
 }
 
 fn usage_error(subcommand: &str, msg: &str) -> i32 {

@@ -24,6 +24,7 @@ pub mod fuse_adapter;
 pub mod fusermount;
 pub mod history;
 pub mod ids;
+pub mod install_hook;
 pub mod manuals;
 pub mod settings;
 pub mod state_lock;

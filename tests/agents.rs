@@ -400,3 +400,119 @@ fn a_rewind_keeps_agent_state_unless_asked() {
         "the whole tree equals c1"
     );
 }
+
+#[test]
+fn install_hook_merges_into_settings_is_idempotent_and_removable() {
+    let m = TestMount::new();
+    let home = tempfile::tempdir().unwrap();
+    let settings = home.path().join(".claude/settings.json");
+    fs::create_dir_all(settings.parent().unwrap()).unwrap();
+    let theirs = serde_json::json!({
+        "env": { "FOO": "1" },
+        "hooks": {
+            "UserPromptSubmit": [ { "hooks": [ { "type": "command", "command": "other-hook" } ] } ],
+            "Stop": [ { "hooks": [ { "type": "command", "command": "say done" } ] } ]
+        }
+    });
+    fs::write(&settings, serde_json::to_string_pretty(&theirs).unwrap()).unwrap();
+    let install = |extra: &[&str]| {
+        let mut args = vec!["install-hook", "claude"];
+        args.extend_from_slice(extra);
+        let out = Command::new(BIN)
+            .args(&args)
+            .env("HOME", home.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let first = install(&[]);
+    assert!(first.contains("installed the checkpointfs hook in"), "{first}");
+    let after_first = fs::read_to_string(&settings).unwrap();
+    let second = install(&["--user"]);
+    assert!(second.contains("already installed"), "{second}");
+    assert_eq!(fs::read_to_string(&settings).unwrap(), after_first);
+
+    let v: serde_json::Value = serde_json::from_str(&after_first).unwrap();
+    let groups = v["hooks"]["UserPromptSubmit"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{v}");
+    assert_eq!(groups[0], theirs["hooks"]["UserPromptSubmit"][0]);
+    assert_eq!(v["hooks"]["Stop"], theirs["hooks"]["Stop"]);
+    assert_eq!(v["env"], theirs["env"]);
+    let command = groups[1]["hooks"][0]["command"].as_str().unwrap().to_string();
+    let expected = fs::canonicalize(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("mount-scripts/claude-code-hook"),
+    )
+    .unwrap();
+    assert_eq!(Path::new(&command), expected);
+
+    // The installed command really checkpoints a prompt, as Claude Code would run it.
+    let input = serde_json::json!({
+        "session_id": "5e55e55e-0000-4000-8000-000000000001",
+        "hook_event_name": "UserPromptSubmit",
+        "cwd": m.mnt,
+        "prompt": "hello",
+    })
+    .to_string();
+    let mut child = Command::new("sh")
+        .args(["-c", &command])
+        .env("CHECKPOINTFS", BIN)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let ids: Vec<String> = fs::read_dir(m.mnt.join(".checkpoint/at"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(ids[0].starts_with("cc-") && ids[0].contains("-5e55e55e-"), "{ids:?}");
+
+    let removed = install(&["--remove"]);
+    assert!(removed.contains("removed the checkpointfs hook"), "{removed}");
+    let v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&settings).unwrap()).unwrap();
+    assert_eq!(v, theirs);
+    assert!(install(&["--remove"]).contains("nothing to remove"));
+
+    // Gemini CLI, per project, with an explicit script.
+    let project = tempfile::tempdir().unwrap();
+    let script = project.path().join("gemini-cli-hook");
+    fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = cli(&[
+        "install-hook",
+        "gemini",
+        "--project",
+        project.path().to_str().unwrap(),
+        "--hook",
+        script.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(project.path().join(".gemini/settings.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        v["hooks"]["BeforeAgent"][0]["hooks"][0]["command"],
+        fs::canonicalize(&script).unwrap().to_str().unwrap()
+    );
+
+    // A settings file that is not JSON is refused and left alone.
+    fs::write(&settings, "{ oops").unwrap();
+    let out = Command::new(BIN)
+        .args(["install-hook", "claude"])
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not valid JSON"), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(&settings).unwrap(), "{ oops");
+}
