@@ -316,6 +316,16 @@ pub struct RewindArgs {
     #[arg(long)]
     pub rewind_agent_state: bool,
 
+    /// Rewind only the paths this agent session changed since ID (its full id, or 8 or
+    /// more leading characters), keeping everyone else's changes; refused if others changed
+    /// any of them too
+    #[arg(long, value_name = "SESSION")]
+    pub session: Option<String>,
+
+    /// With --session: rewind the paths others changed too
+    #[arg(long, requires = "session")]
+    pub force: bool,
+
     /// Restore only these paths (relative to MNT, or absolute paths under MNT)
     #[arg(last = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
@@ -331,6 +341,11 @@ pub struct LogArgs {
     /// Print JSON (schema "checkpointfs.log/2", see docs/json-output.md)
     #[arg(long)]
     pub json: bool,
+
+    /// Only the changes made by this agent session (its full id, or the first 8 or more
+    /// characters the text log shows)
+    #[arg(long, value_name = "SESSION")]
+    pub session: Option<String>,
 }
 
 /// Where a history command finds its data: MNT, or `--state-dir DIR` (exactly one).
@@ -374,6 +389,11 @@ pub struct DiffArgs {
     /// without the patches
     #[arg(long)]
     pub json: bool,
+
+    /// Only the paths this agent session changed between M and N (its full id, or 8 or
+    /// more leading characters)
+    #[arg(long, value_name = "SESSION")]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -545,10 +565,16 @@ where
         Command::Umount(a) => umount(&a.mnt, a.lazy, Duration::from_secs(a.timeout)),
         Command::Checkpoint(a) => commands::checkpoint(&a.mnt, &a.id),
         Command::Rewind(a) => {
-            commands::rewind(&a.mnt, &a.id, a.dry_run, a.rewind_agent_state, &a.paths)
+            let flags = commands::RewindFlags {
+                dry_run: a.dry_run,
+                rewind_agent_state: a.rewind_agent_state,
+                session: a.session.as_deref(),
+                force: a.force,
+            };
+            commands::rewind(&a.mnt, &a.id, flags, &a.paths)
         }
         Command::Log(a) => match target(a.target) {
-            Ok(t) => commands::log(&t, a.json),
+            Ok(t) => commands::log(&t, a.json, a.session.as_deref()),
             Err(code) => code,
         },
         Command::Diff(a) => diff(a),
@@ -709,7 +735,7 @@ fn diff(a: DiffArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
-    commands::diff(&target, from, to, format)
+    commands::diff(&target, from, to, format, a.session.as_deref())
 }
 
 // ---------------------------------------------------------------------------------------

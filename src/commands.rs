@@ -322,13 +322,15 @@ fn path_in_saved_tree(state_dir: &Path, p: &Path) -> Result<String, String> {
 }
 
 /// `checkpointfs rewind MNT ID [--dry-run] [-- PATH...]`.
-pub fn rewind(
-    mnt: &Path,
-    id: &str,
-    dry_run: bool,
-    rewind_agent_state: bool,
-    paths: &[PathBuf],
-) -> i32 {
+/// How `checkpointfs rewind` was asked to rewind (its flags).
+pub struct RewindFlags<'a> {
+    pub dry_run: bool,
+    pub rewind_agent_state: bool,
+    pub session: Option<&'a str>,
+    pub force: bool,
+}
+
+pub fn rewind(mnt: &Path, id: &str, flags: RewindFlags<'_>, paths: &[PathBuf]) -> i32 {
     let state_dir = match state_dir_of_mount(mnt) {
         Ok(d) => d,
         Err(code) => return code,
@@ -343,33 +345,54 @@ pub fn rewind(
             }
         }
     }
-    ask_daemon(
-        &state_dir,
-        &Request::Rewind {
+    let progress = io::stderr().is_terminal();
+    let req = match flags.session {
+        None => Request::Rewind {
             id: id.to_string(),
-            dry_run,
+            dry_run: flags.dry_run,
             paths: rels,
-            rewind_agent_state,
-            progress: io::stderr().is_terminal(),
+            rewind_agent_state: flags.rewind_agent_state,
+            progress,
         },
-    )
+        Some(session) => Request::SessionRewind {
+            id: id.to_string(),
+            dry_run: flags.dry_run,
+            paths: rels,
+            rewind_agent_state: flags.rewind_agent_state,
+            session: session.to_string(),
+            force: flags.force,
+            progress,
+        },
+    };
+    ask_daemon(&state_dir, &req)
 }
 
 /// `checkpointfs log MNT | --state-dir DIR [--json]`.
-pub fn log(target: &Target, json: bool) -> i32 {
-    report(target, Request::Log { json }, |h| h.log_output(json))
+pub fn log(target: &Target, json: bool, session: Option<&str>) -> i32 {
+    let req = Request::Log {
+        json,
+        session: session.map(str::to_string),
+    };
+    report(target, req, |h| h.log_output(json, session))
 }
 
 /// `checkpointfs diff MNT M [N] | --state-dir DIR M [N]` with `--stat` / `--json`;
 /// `to == None`: the current tree.
-pub fn diff(target: &Target, from: &str, to: Option<&str>, format: DiffFormat) -> i32 {
+pub fn diff(
+    target: &Target,
+    from: &str,
+    to: Option<&str>,
+    format: DiffFormat,
+    session: Option<&str>,
+) -> i32 {
     let req = Request::Diff {
         from: from.to_string(),
         to: to.map(str::to_string),
         stat: format.stat,
         json: format.json,
+        session: session.map(str::to_string),
     };
-    report(target, req, |h| h.diff_output(from, to, format))
+    report(target, req, |h| h.diff_output(from, to, format, session))
 }
 
 /// `checkpointfs status MNT | --state-dir DIR [--path P] [--json]`.

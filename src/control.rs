@@ -33,7 +33,7 @@ pub const SOCKET_NAME: &str = "control.sock";
 /// formats (`json` on log, diff and status; `stat` on diff; `path_is_dir`) and `gc`. A daemon from
 /// before that sends none (read as 0) and ignores fields it does not know, answering in
 /// text: [`request`] refuses such an answer rather than pass text off as JSON.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -53,6 +53,22 @@ pub enum Request {
         #[serde(default)]
         progress: bool,
     },
+    /// A rewind of only what one agent session changed (protocol 2). A variant of its own,
+    /// not a field of `Rewind`: a daemon that predates it refuses it as unknown instead of
+    /// ignoring the field and rewinding everyone's work.
+    SessionRewind {
+        id: String,
+        dry_run: bool,
+        paths: Vec<String>,
+        #[serde(default)]
+        rewind_agent_state: bool,
+        session: String,
+        /// Rewind paths others changed too.
+        #[serde(default)]
+        force: bool,
+        #[serde(default)]
+        progress: bool,
+    },
     /// `checkpointfs gc`: exactly one of `keep` and `older_than_secs`. The response's
     /// `output` is the [`GcReport`](crate::history::gc::GcReport) as JSON.
     Gc {
@@ -65,6 +81,9 @@ pub enum Request {
     Log {
         #[serde(default)]
         json: bool,
+        /// Only the changes this agent session made (protocol 2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
     },
     Diff {
         from: String,
@@ -73,6 +92,9 @@ pub enum Request {
         stat: bool,
         #[serde(default)]
         json: bool,
+        /// Only the paths this agent session changed in between (protocol 2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
     },
     Status {
         path: Option<String>,
@@ -106,18 +128,26 @@ pub struct Response {
 impl Request {
     /// The lowest daemon [`PROTOCOL`] that understands this request as meant.
     fn protocol_needed(&self) -> u32 {
-        let formatted = match self {
-            Request::Log { json } => *json,
-            Request::Diff { stat, json, .. } => *stat || *json,
+        match self {
+            // Protocol 2: per-session reports (an older daemon would ignore the field) and
+            // rewinds (it refuses the variant anyway, as unknown).
+            Request::Log {
+                session: Some(_), ..
+            }
+            | Request::Diff {
+                session: Some(_), ..
+            }
+            | Request::SessionRewind { .. } => 2,
+            Request::Log { json, .. } => u32::from(*json),
+            Request::Diff { stat, json, .. } => u32::from(*stat || *json),
             Request::Status {
                 json, path_is_dir, ..
-            } => *json || path_is_dir.is_some(),
+            } => u32::from(*json || path_is_dir.is_some()),
             // New with protocol 1: an older daemon refuses it anyway, as unknown.
-            Request::Gc { .. } => true,
+            Request::Gc { .. } => 1,
             // An older daemon only sends no progress lines.
-            Request::Checkpoint { .. } | Request::Flush | Request::Rewind { .. } => false,
-        };
-        if formatted { 1 } else { 0 }
+            Request::Checkpoint { .. } | Request::Flush | Request::Rewind { .. } => 0,
+        }
     }
 }
 
@@ -265,6 +295,22 @@ fn serve_connection(
     (&stream).write_all(&out)
 }
 
+/// A rewind, streaming `rewind: DONE/TOTAL paths` lines when `wanted`.
+fn rewind_request(
+    fs: &PassthroughFs,
+    id: &str,
+    opts: &crate::history::rewind::RewindOptions,
+    wanted: bool,
+    progress: &mut dyn FnMut(String, bool),
+) -> io::Result<String> {
+    let mut step = |done: usize, total: usize| {
+        if wanted {
+            progress(format!("rewind: {done}/{total} paths"), done == total);
+        }
+    };
+    crate::history::rewind::rewind(fs, id, opts, &mut step)
+}
+
 /// `progress(text, last)` streams a progress line to the client, if it asked for them.
 fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, bool)) -> Response {
     let result = match req {
@@ -280,12 +326,32 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             rewind_agent_state,
             progress: wanted,
         } => {
-            let mut step = |done: usize, total: usize| {
-                if wanted {
-                    progress(format!("rewind: {done}/{total} paths"), done == total);
-                }
+            let opts = crate::history::rewind::RewindOptions {
+                paths,
+                dry_run,
+                rewind_agent_state,
+                session: None,
+                force: false,
             };
-            crate::history::rewind::rewind(fs, &id, dry_run, &paths, rewind_agent_state, &mut step)
+            rewind_request(fs, &id, &opts, wanted, progress)
+        }
+        Request::SessionRewind {
+            id,
+            dry_run,
+            paths,
+            rewind_agent_state,
+            session,
+            force,
+            progress: wanted,
+        } => {
+            let opts = crate::history::rewind::RewindOptions {
+                paths,
+                dry_run,
+                rewind_agent_state,
+                session: Some(session),
+                force,
+            };
+            rewind_request(fs, &id, &opts, wanted, progress)
         }
         Request::Gc {
             keep,
@@ -302,18 +368,31 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             Ok(serde_json::to_string(&report)?)
         }),
         // Reports read the transcript: make it complete first.
-        Request::Log { json } => fs
+        Request::Log { json, session } => fs
             .history()
             .flush()
-            .and_then(|()| fs.history().log_output(json)),
+            .and_then(|()| fs.history().log_output(json, session.as_deref())),
         Request::Diff {
             from,
             to,
             stat,
             json,
-        } => fs
-            .history()
-            .diff_output(&from, to.as_deref(), DiffFormat { stat, json }),
+            session,
+        } => {
+            // Attribution for --session is read from the transcript.
+            let flushed = match session {
+                Some(_) => fs.history().flush(),
+                None => Ok(()),
+            };
+            flushed.and_then(|()| {
+                fs.history().diff_output(
+                    &from,
+                    to.as_deref(),
+                    DiffFormat { stat, json },
+                    session.as_deref(),
+                )
+            })
+        }
         Request::Status {
             path,
             path_is_dir,
@@ -401,7 +480,8 @@ pub fn request_with_progress(
                     io::ErrorKind::Unsupported,
                     format!(
                         "the daemon at {} runs an older checkpointfs, which does not know \
-                         this option (--json, --stat or a directory --path); unmount and \
+                         this option (--json, --stat, --session or a directory --path); \
+                         unmount and \
                          mount again with this checkpointfs to use it",
                         path.display()
                     ),
@@ -439,9 +519,23 @@ mod tests {
             dir.path(),
             "{\"ok\":true,\"output\":\"m1  2025\\n\"}\n".to_string(),
         );
-        let plain = request(dir.path(), &Request::Log { json: false }).unwrap();
+        let plain = request(
+            dir.path(),
+            &Request::Log {
+                json: false,
+                session: None,
+            },
+        )
+        .unwrap();
         assert_eq!(plain.output, "m1  2025\n");
-        let err = request(dir.path(), &Request::Log { json: true }).unwrap_err();
+        let err = request(
+            dir.path(),
+            &Request::Log {
+                json: true,
+                session: None,
+            },
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::Unsupported);
         assert!(
             err.to_string().contains("runs an older checkpointfs"),
@@ -461,6 +555,7 @@ mod tests {
             to: None,
             stat: true,
             json: true,
+            session: None,
         };
         assert_eq!(request(dir.path(), &diff).unwrap().protocol, PROTOCOL);
         let err = Response::err(&io::Error::from_raw_os_error(libc::ENOENT));

@@ -427,7 +427,10 @@ fn install_hook_merges_into_settings_is_idempotent_and_removable() {
         stdout(&out)
     };
     let first = install(&[]);
-    assert!(first.contains("installed the checkpointfs hook in"), "{first}");
+    assert!(
+        first.contains("installed the checkpointfs hook in"),
+        "{first}"
+    );
     let after_first = fs::read_to_string(&settings).unwrap();
     let second = install(&["--user"]);
     assert!(second.contains("already installed"), "{second}");
@@ -439,7 +442,10 @@ fn install_hook_merges_into_settings_is_idempotent_and_removable() {
     assert_eq!(groups[0], theirs["hooks"]["UserPromptSubmit"][0]);
     assert_eq!(v["hooks"]["Stop"], theirs["hooks"]["Stop"]);
     assert_eq!(v["env"], theirs["env"]);
-    let command = groups[1]["hooks"][0]["command"].as_str().unwrap().to_string();
+    let command = groups[1]["hooks"][0]["command"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let expected = fs::canonicalize(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("mount-scripts/claude-code-hook"),
     )
@@ -473,10 +479,16 @@ fn install_hook_merges_into_settings_is_idempotent_and_removable() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
-    assert!(ids[0].starts_with("cc-") && ids[0].contains("-5e55e55e-"), "{ids:?}");
+    assert!(
+        ids[0].starts_with("cc-") && ids[0].contains("-5e55e55e-"),
+        "{ids:?}"
+    );
 
     let removed = install(&["--remove"]);
-    assert!(removed.contains("removed the checkpointfs hook"), "{removed}");
+    assert!(
+        removed.contains("removed the checkpointfs hook"),
+        "{removed}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(&settings).unwrap()).unwrap();
     assert_eq!(v, theirs);
@@ -515,4 +527,192 @@ fn install_hook_merges_into_settings_is_idempotent_and_removable() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not valid JSON"), "{}", stderr(&out));
     assert_eq!(fs::read_to_string(&settings).unwrap(), "{ oops");
+}
+
+/// Runs one "prompt" of a fake agent: a python3 process (the agent) that runs the real
+/// Claude Code hook as Claude Code does (`sh -c HOOK`, JSON on stdin), then `cmd` through
+/// `sh -c` in the mount, as an agent's Bash tool would.
+fn agent_prompt(m: &TestMount, session: &str, cmd: &str) {
+    let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("mount-scripts/claude-code-hook");
+    let script = r#"
+import json, os, subprocess, sys
+hook, session, mnt, cmd = sys.argv[1:5]
+event = {"session_id": session, "cwd": mnt, "hook_event_name": "UserPromptSubmit",
+         "prompt": "do it"}
+r = subprocess.run(["sh", "-c", hook], input=json.dumps(event).encode(),
+                   capture_output=True)
+assert r.returncode == 0 and r.stderr == b"", r
+subprocess.run(["sh", "-c", cmd], cwd=mnt, check=True)
+"#;
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            script,
+            hook.to_str().unwrap(),
+            session,
+            m.mnt.to_str().unwrap(),
+            cmd,
+        ])
+        .env("CHECKPOINTFS", BIN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "agent {session}: {}", stderr(&out));
+}
+
+const SESSION_A: &str = "aaaaaaaa-1111-4000-8000-000000000001";
+const SESSION_B: &str = "bbbbbbbb-2222-4000-8000-000000000002";
+
+#[test]
+fn two_sessions_in_one_tree_are_logged_and_rewound_separately() {
+    let mut m = TestMount::unmounted(&[]);
+    for f in ["a.txt", "b.txt", "user.txt", "shared.txt"] {
+        fs::write(m.src.join(f), format!("{f} v0\n")).unwrap();
+    }
+    m.mount();
+    checkpoint(&m, "start");
+    agent_prompt(
+        &m,
+        SESSION_A,
+        "echo A1 >> a.txt && mkdir adir && echo A > adir/new.txt",
+    );
+    agent_prompt(&m, SESSION_B, "sed -i 's/v0/B1/' b.txt");
+    fs::write(m.mnt.join("user.txt"), "edited by the user\n").unwrap();
+    agent_prompt(&m, SESSION_A, "echo A2 >> a.txt");
+
+    // The log names the session of each change; --session shows only that session's.
+    let mnt = m.mnt.to_str().unwrap();
+    let log = cli_ok(&["log", mnt]);
+    assert!(log.contains("M a.txt  (by sh; session aaaaaaaa)"), "{log}");
+    assert!(log.contains("M b.txt  (by sed; session bbbbbbbb)"), "{log}");
+    let only_a = cli_ok(&["log", mnt, "--session", "aaaaaaaa"]);
+    assert!(
+        only_a.contains("a.txt") && only_a.contains("adir/new.txt"),
+        "{only_a}"
+    );
+    assert!(
+        !only_a.contains("b.txt") && !only_a.contains("user.txt"),
+        "{only_a}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&cli_ok(&["log", mnt, "--json", "--session", SESSION_B])).unwrap();
+    let paths: Vec<&str> = json["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["changes"].as_array().unwrap())
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["b.txt"]);
+    // diff --session: only that session's paths, with their patches.
+    let diff = cli_ok(&["diff", mnt, "start", "--session", "aaaaaaaa"]);
+    assert!(
+        diff.contains("+A2") && diff.contains("adir/new.txt"),
+        "{diff}"
+    );
+    assert!(
+        !diff.contains("b.txt") && !diff.contains("user.txt"),
+        "{diff}"
+    );
+    let diff_b = cli_ok(&["diff", mnt, "start", "--session", SESSION_B, "--stat"]);
+    assert!(
+        diff_b.contains("b.txt") && !diff_b.contains("a.txt"),
+        "{diff_b}"
+    );
+
+    // Session A's rewind to `start` undoes A's work only.
+    let before = tree_listing(&m.mnt);
+    let out = rewind(&m, "start", &["--session", "aaaaaaaa"]);
+    assert!(
+        out.contains("saved current state as start:before-rewind"),
+        "{out}"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("a.txt")).unwrap(),
+        "a.txt v0\n"
+    );
+    assert!(!m.mnt.join("adir").exists());
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("b.txt")).unwrap(),
+        "b.txt B1\n"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("user.txt")).unwrap(),
+        "edited by the user\n"
+    );
+    // ... and is undone like any rewind.
+    rewind(&m, "start:before-rewind", &[]);
+    assert_eq!(tree_listing(&m.mnt), before);
+
+    // Both sessions change one file: A's rewind refuses, names the conflict, changes nothing.
+    agent_prompt(&m, SESSION_A, "echo A3 >> shared.txt");
+    agent_prompt(&m, SESSION_B, "echo B3 >> shared.txt");
+    let before = tree_listing(&m.mnt);
+    let out = cli(&["rewind", mnt, "start", "--session", SESSION_A]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{}",
+        stdout(&out),
+        cli_ok(&["log", mnt])
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("shared.txt (also changed by session bbbbbbbb (sh))"),
+        "{err}"
+    );
+    assert!(err.contains("Nothing was changed"), "{err}");
+    assert_eq!(tree_listing(&m.mnt), before);
+    // --force rewinds it too; B's own file stays.
+    let out = rewind(&m, "start", &["--session", SESSION_A, "--force"]);
+    assert!(out.contains("forced: shared.txt"), "{out}");
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("shared.txt")).unwrap(),
+        "shared.txt v0\n"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("a.txt")).unwrap(),
+        "a.txt v0\n"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("b.txt")).unwrap(),
+        "b.txt B1\n"
+    );
+}
+
+#[test]
+fn a_session_cannot_be_registered_for_another_users_process() {
+    let m = TestMount::with_args(&["--allow-other"]);
+    let (uid, gid) = test_user();
+    // The user names root's process (pid 1, and the daemon): refused with EPERM.
+    let ctl = m.mnt.join(".checkpoint/ctl");
+    let daemon = m.pid().unwrap();
+    let out = run_as(
+        uid,
+        gid,
+        &[
+            "bash",
+            "-c",
+            &format!("printf 'session evil-1 {daemon}\\n' > '{}'", ctl.display()),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Operation not permitted"),
+        "{}",
+        stderr(&out)
+    );
+    // Malformed registrations are EINVAL; a process that does not exist is ESRCH.
+    for (line, errno) in [
+        ("session only-id", libc::EINVAL),
+        ("session bad/id 1", libc::EINVAL),
+        ("session s1 notapid", libc::EINVAL),
+        ("session s1 4194304999", libc::ESRCH),
+    ] {
+        let err = fs::OpenOptions::new()
+            .write(true)
+            .open(&ctl)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()))
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(errno), "{line}: {err}");
+    }
 }

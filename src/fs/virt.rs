@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! .checkpoint/            found by lookup, hidden from readdir of the root (like ZFS's .zfs)
-//! ├── ctl                 write a checkpoint id (one per line) to take a checkpoint
+//! ├── ctl                 write a checkpoint id (one per line) to take a checkpoint, or
+//! │                       `session ID PID` to register an agent session
 //! ├── state-dir           the absolute path of this mount's state dir
 //! └── at/                 one read-only directory per checkpoint, in creation order
 //!     └── <id>/…          the whole tree as it was at that checkpoint
@@ -414,6 +415,11 @@ impl VirtualTree {
         }
         let text = data.strip_suffix(b"\n").unwrap_or(data);
         for line in text.split(|&b| b == b'\n') {
+            // Ids have no spaces, so `session ID PID` cannot be mistaken for one.
+            if let Some(args) = line.strip_prefix(b"session ") {
+                fs.history().register_session(caller, args)?;
+                continue;
+            }
             let id = match validate_id(line) {
                 Ok(id) => id,
                 Err(e) => {

@@ -166,18 +166,20 @@ pub struct LogChange {
     pub change: ChangeKind,
     /// Names of the processes that changed the path (`pid N` when the name is unknown).
     pub actors: Vec<String>,
+    /// The agent sessions whose processes changed it (see `session ID PID` in ctl).
+    pub sessions: Vec<String>,
     pub before: Option<EntryFacts>,
     pub after: Option<EntryFacts>,
 }
 
 impl History {
-    /// (epoch, path) → names of the processes that changed it, from the transcript. Epoch k
-    /// is the time between checkpoint k-1 and checkpoint k (0: before the first).
-    fn actors_by_epoch(&self) -> io::Result<BTreeMap<(usize, String), BTreeSet<String>>> {
+    /// (epoch, path) → who changed it, from the transcript. Epoch k is the time between
+    /// checkpoint k-1 and checkpoint k (0: before the first).
+    pub(crate) fn changers_by_epoch(&self) -> io::Result<BTreeMap<(usize, String), Changers>> {
         let outcome = read_transcript(&self.state_dir().join("transcript.jsonl"))
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let mut epoch = 0;
-        let mut out: BTreeMap<(usize, String), BTreeSet<String>> = BTreeMap::new();
+        let mut out: BTreeMap<(usize, String), Changers> = BTreeMap::new();
         for r in outcome.records {
             if r.record_type != FILE_HISTORY_SNAPSHOT {
                 continue;
@@ -188,12 +190,22 @@ impl History {
             }
             for (path, b) in r.snapshot.tracked_file_backups {
                 if let Some(a) = b.actor {
+                    if is_own_rewind(&a) {
+                        // A rewind restores recorded states: it is nobody's new work.
+                        out.entry((epoch, path)).or_default().rewound = true;
+                        continue;
+                    }
                     let name = if a.comm.is_empty() {
                         format!("pid {}", a.pid)
                     } else {
                         a.comm
                     };
-                    out.entry((epoch, path)).or_default().insert(name);
+                    out.entry((epoch, path))
+                        .or_default()
+                        .by_session
+                        .entry(a.session)
+                        .or_default()
+                        .insert(name);
                 }
             }
         }
@@ -204,7 +216,7 @@ impl History {
     /// last: up to now) and who changed it; and what changed before the first.
     pub fn log_report(&self) -> io::Result<LogReport> {
         let checkpoints = self.checkpoints();
-        let actors = self.actors_by_epoch()?;
+        let actors = self.changers_by_epoch()?;
         // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
         // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
         let (first_kept, history_dropped) = self.first_kept();
@@ -247,7 +259,7 @@ impl History {
         a: Point,
         b: Point,
         epoch: usize,
-        actors: &BTreeMap<(usize, String), BTreeSet<String>>,
+        actors: &BTreeMap<(usize, String), Changers>,
     ) -> io::Result<Vec<LogChange>> {
         let mut out = Vec::new();
         for (path, (change, before, after)) in self.changes(a, b)? {
@@ -269,7 +281,11 @@ impl History {
                 after: side(after.as_ref())?,
                 actors: actors
                     .get(&(epoch, path.clone()))
-                    .map(|who| who.iter().cloned().collect())
+                    .map(Changers::actors)
+                    .unwrap_or_default(),
+                sessions: actors
+                    .get(&(epoch, path.clone()))
+                    .map(Changers::sessions)
                     .unwrap_or_default(),
                 path: shown(&path),
                 change,
@@ -278,13 +294,140 @@ impl History {
         Ok(out)
     }
 
-    /// `checkpointfs log`, as text or as JSON.
-    pub fn log_output(&self, json: bool) -> io::Result<String> {
-        let report = self.log_report()?;
+    /// `checkpointfs log`, as text or as JSON; with `session`, only the changes that
+    /// session made.
+    pub fn log_output(&self, json: bool, session: Option<&str>) -> io::Result<String> {
+        let mut report = self.log_report()?;
+        if let Some(s) = session {
+            report.keep_only_session(s);
+        }
         if json {
             to_json(&report)
         } else {
             Ok(render_log(&report))
+        }
+    }
+}
+
+/// Who changed a path in one interval: process names by agent session (`None`: processes in
+/// no registered session — the user, a script).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Changers {
+    pub by_session: BTreeMap<Option<String>, BTreeSet<String>>,
+    /// A rewind (by this daemon) changed it too.
+    pub rewound: bool,
+}
+
+/// Whether a record's actor is the daemon itself, i.e. a rewind writing through the mount:
+/// the daemon names its own threads `checkpointfs` and records no executable for them.
+fn is_own_rewind(a: &crate::transcript::record::Actor) -> bool {
+    a.comm == "checkpointfs" && a.exe.is_none() && a.session.is_none()
+}
+
+impl Changers {
+    /// Every process name, sorted, once (`checkpointfs` for a rewind).
+    fn actors(&self) -> Vec<String> {
+        let mut all: BTreeSet<&str> = self
+            .by_session
+            .values()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        if self.rewound {
+            all.insert("checkpointfs");
+        }
+        all.into_iter().map(str::to_string).collect()
+    }
+
+    fn sessions(&self) -> Vec<String> {
+        self.by_session.keys().flatten().cloned().collect()
+    }
+}
+
+/// path → the others who also changed it (see [`History::session_changes_since`]).
+pub(crate) type SessionChanges = BTreeMap<String, BTreeSet<String>>;
+
+impl History {
+    /// The paths session `session` changed after checkpoint `k` (an index in memory), each
+    /// with the others who also changed it then (`session XXXXXXXX (names)`, or `names` for
+    /// processes in no session): empty means only the session did.
+    pub(crate) fn session_changes_since(
+        &self,
+        k: usize,
+        session: &str,
+    ) -> io::Result<SessionChanges> {
+        self.session_changes_between(k, None, session)
+    }
+
+    /// As [`History::session_changes_since`], but only up to checkpoint `until` (an index in
+    /// memory; `None`: up to now).
+    pub(crate) fn session_changes_between(
+        &self,
+        k: usize,
+        until: Option<usize>,
+        session: &str,
+    ) -> io::Result<SessionChanges> {
+        let (first_kept, _) = self.first_kept();
+        // Epoch e of the transcript ends at checkpoint first_kept + e; changes after k are in
+        // the epochs after k's, and those up to `until` in the epochs up to its own.
+        let after = k.saturating_sub(first_kept) + 1;
+        let last = until.map_or(usize::MAX, |u| u.saturating_sub(first_kept));
+        let mut by_path: BTreeMap<String, Changers> = BTreeMap::new();
+        for ((epoch, path), who) in self.changers_by_epoch()? {
+            if epoch < after || epoch > last {
+                continue;
+            }
+            let merged = by_path.entry(path).or_default();
+            merged.rewound |= who.rewound;
+            for (s, names) in who.by_session {
+                merged.by_session.entry(s).or_default().extend(names);
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (path, who) in by_path {
+            let ours = who
+                .by_session
+                .keys()
+                .flatten()
+                .any(|s| session_matches(session, s));
+            if !ours {
+                continue;
+            }
+            let others: BTreeSet<String> = who
+                .by_session
+                .iter()
+                .filter(|(s, _)| !s.as_deref().is_some_and(|s| session_matches(session, s)))
+                .map(|(s, names)| {
+                    let names = names.iter().cloned().collect::<Vec<_>>().join(", ");
+                    match s {
+                        Some(s) => format!("session {} ({names})", s.get(..8).unwrap_or(s)),
+                        None => names,
+                    }
+                })
+                .collect();
+            out.insert(path, others);
+        }
+        Ok(out)
+    }
+}
+
+/// Whether `session` (a full id, or a prefix of at least 8 characters, as the text log
+/// shows) names `id`.
+pub(crate) fn session_matches(session: &str, id: &str) -> bool {
+    id == session || (session.len() >= 8 && id.starts_with(session))
+}
+
+impl LogReport {
+    /// Drops every change not made (at least in part) by `session`.
+    fn keep_only_session(&mut self, session: &str) {
+        let keep = |changes: &mut Vec<LogChange>| {
+            changes.retain(|c| c.sessions.iter().any(|s| session_matches(session, s)));
+        };
+        keep(&mut self.before_first.changes);
+        self.before_first.files_changed = self.before_first.changes.len();
+        for c in &mut self.checkpoints {
+            keep(&mut c.changes);
+            c.files_changed = c.changes.len();
         }
     }
 }
@@ -324,7 +467,12 @@ fn render_log_changes(out: &mut String, changes: &[LogChange]) {
     for c in changes {
         let _ = write!(out, "    {} {}", c.change.letter(), c.path);
         if !c.actors.is_empty() {
-            let _ = write!(out, "  (by {})", c.actors.join(", "));
+            let _ = write!(out, "  (by {}", c.actors.join(", "));
+            if !c.sessions.is_empty() {
+                let short: Vec<&str> = c.sessions.iter().map(|s| s.get(..8).unwrap_or(s)).collect();
+                let _ = write!(out, "; session {}", short.join(", "));
+            }
+            out.push(')');
         }
         out.push('\n');
     }
@@ -484,13 +632,32 @@ impl History {
     }
 
     /// `checkpointfs diff M [N] [--stat] [--json]`.
+    /// `checkpointfs diff`; with `session`, only the paths that agent session changed
+    /// between the two points.
     pub fn diff_output(
         &self,
         from: &str,
         to: Option<&str>,
         format: DiffFormat,
+        session: Option<&str>,
     ) -> io::Result<String> {
-        let report = self.diff_report(from, to, !format.stat)?;
+        let mut report = self.diff_report(from, to, !format.stat)?;
+        if let Some(s) = session {
+            let k = |id: &str| {
+                self.checkpoint_index(id).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("no checkpoint named '{id}' (see: checkpointfs log MNT)"),
+                    )
+                })
+            };
+            let until = to.map(k).transpose()?;
+            let theirs = self.session_changes_between(k(from)?, until, s)?;
+            report.files.retain(|f| theirs.contains_key(&f.path));
+            report.files_changed = report.files.len();
+            report.insertions = report.files.iter().map(|f| f.insertions).sum();
+            report.deletions = report.files.iter().map(|f| f.deletions).sum();
+        }
         if format.json {
             to_json(&report)
         } else if format.stat {

@@ -167,6 +167,37 @@ pub(crate) struct State {
     pub next_seq: u64,
     /// Paths whose content is being copied right now (by the gate or the copier).
     pub busy: HashSet<String>,
+    /// path → (epoch, the processes/sessions recorded as changing it in that epoch): a
+    /// further changer of a path already changed in this message is recorded once too, so
+    /// `log` names everyone and a session-scoped rewind sees conflicts. An entry of an older
+    /// epoch counts as empty.
+    pub message_actors: HashMap<String, (usize, Vec<ActorKey>)>,
+}
+
+/// Who changed a path, as far as attribution goes: the process and its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ActorKey {
+    pub pid: u32,
+    pub session: Option<String>,
+}
+
+impl State {
+    /// Notes that `key` changed `rel` in the current epoch; `false` if that was known.
+    fn note_actor(&mut self, rel: &str, key: ActorKey) -> bool {
+        let epoch = self.checkpoints.len();
+        let entry = self
+            .message_actors
+            .entry(rel.to_string())
+            .or_insert_with(|| (epoch, Vec::new()));
+        if entry.0 != epoch {
+            *entry = (epoch, Vec::new());
+        }
+        if entry.1.contains(&key) {
+            return false;
+        }
+        entry.1.push(key);
+        true
+    }
 }
 
 impl State {

@@ -29,9 +29,110 @@ pub(crate) struct Process {
     /// The process's executable (`/proc/<pid>/exe`); `None` when it could not be read (gone,
     /// or another user's process and the daemon is not root).
     pub exe: Option<String>,
+    /// The agent session whose process tree it belongs to (see [`register_session`]).
+    pub session: Option<String>,
 }
 
 static CACHE: Mutex<Option<HashMap<u32, (Process, Instant)>>> = Mutex::new(None);
+
+/// A registered agent session: its root process, identified by pid *and* start time, so a
+/// reused pid is never mistaken for it.
+#[derive(Clone, Debug)]
+struct SessionRoot {
+    session: String,
+    start_time: u64,
+}
+
+/// Registered sessions by root pid. One daemon serves one mount, so one registry per process.
+static SESSIONS: Mutex<Option<HashMap<u32, SessionRoot>>> = Mutex::new(None);
+
+/// How far up the process tree a change is traced to a session root (agents run tools a few
+/// levels down: agent → shell → tool → helper).
+const MAX_DEPTH: usize = 64;
+
+/// `(ppid, start time)` of `pid` from `/proc/<pid>/stat` (fields 4 and 22, after the
+/// parenthesised comm, which may itself contain spaces and parentheses).
+fn parent_and_start(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat)
+}
+
+fn parse_stat(stat: &str) -> Option<(u32, u64)> {
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // `rest` starts at field 3 (state): ppid is field 4, starttime field 22.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+/// Why a session could not be registered.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum RegisterError {
+    /// No such process (or it exited).
+    NoProcess,
+    /// The process belongs to another user than the caller (and the caller is not root).
+    NotYours,
+}
+
+/// Registers `pid` as the root of agent session `session`: changes made by it and its
+/// descendants are attributed to the session from now on. Only the process's owner (or
+/// root) may register it, so another user of an `--allow-other` mount cannot put their
+/// changes under someone else's session, or someone else's under theirs.
+pub(crate) fn register_session(
+    session: &str,
+    pid: u32,
+    caller_uid: u32,
+) -> Result<(), RegisterError> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(format!("/proc/{pid}"))
+        .map_err(|_| RegisterError::NoProcess)?
+        .uid();
+    if caller_uid != 0 && owner != caller_uid {
+        return Err(RegisterError::NotYours);
+    }
+    let (_, start_time) = parent_and_start(pid).ok_or(RegisterError::NoProcess)?;
+    let mut sessions = SESSIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = sessions.get_or_insert_with(HashMap::new);
+    // Roots that exited can never match again (their start time would differ).
+    map.retain(|&p, root| parent_and_start(p).is_some_and(|(_, t)| t == root.start_time));
+    map.insert(
+        pid,
+        SessionRoot {
+            session: session.to_string(),
+            start_time,
+        },
+    );
+    drop(sessions);
+    // Identifications made before now may lack the session.
+    CACHE.lock().unwrap_or_else(|p| p.into_inner()).take();
+    Ok(())
+}
+
+/// The session whose root is `pid` or one of its ancestors, if any.
+fn session_of(pid: u32) -> Option<String> {
+    let roots: HashMap<u32, SessionRoot> = {
+        let sessions = SESSIONS.lock().unwrap_or_else(|p| p.into_inner());
+        match sessions.as_ref() {
+            Some(map) if !map.is_empty() => map.clone(),
+            _ => return None,
+        }
+    };
+    let mut current = pid;
+    for _ in 0..MAX_DEPTH {
+        let (ppid, start) = parent_and_start(current)?;
+        if let Some(root) = roots.get(&current)
+            && root.start_time == start
+        {
+            return Some(root.session.clone());
+        }
+        if ppid <= 1 {
+            return None;
+        }
+        current = ppid;
+    }
+    None
+}
 
 fn cached(tid: u32, now: Instant) -> Option<Process> {
     let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
@@ -73,6 +174,7 @@ pub(crate) fn of_thread(tid: u32) -> Process {
             pid,
             comm: "checkpointfs".to_string(),
             exe: None,
+            session: None,
         }
     } else {
         Process {
@@ -83,6 +185,7 @@ pub(crate) fn of_thread(tid: u32) -> Process {
             exe: std::fs::read_link(format!("/proc/{pid}/exe"))
                 .ok()
                 .map(|p| p.to_string_lossy().into_owned()),
+            session: session_of(pid),
         }
     };
     remember(tid, &process, now);
@@ -97,12 +200,65 @@ pub(crate) fn actor(tid: u32, uid: u32) -> Actor {
         uid,
         comm: p.comm,
         exe: p.exe,
+        session: p.session,
     }
+}
+
+/// An identification made within the last moment, without reading /proc: callers holding a
+/// lock use this and resolve a miss with [`actor`] after letting go.
+pub(crate) fn cached_actor(tid: u32, uid: u32) -> Option<Actor> {
+    let p = cached(tid, Instant::now())?;
+    Some(Actor {
+        pid: p.pid,
+        uid,
+        comm: p.comm,
+        exe: p.exe,
+        session: p.session,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_are_found_after_a_comm_with_spaces_and_parentheses() {
+        let stat = "4250 (Bun Pool (0) x) S 4242 4250 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 \
+                    9 0 123456 1000 10 18446744073709551615";
+        assert_eq!(parse_stat(stat), Some((4242, 123456)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_session_covers_its_root_and_descendants_only() {
+        let me = std::process::id();
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let child_pid = child.id();
+        assert_eq!(session_of(child_pid), None);
+        register_session("sess-test-1", me, uid).unwrap();
+        assert_eq!(session_of(child_pid).as_deref(), Some("sess-test-1"));
+        assert_eq!(session_of(me).as_deref(), Some("sess-test-1"));
+        // Our parent (the test harness's parent) is not below the root.
+        let (parent, _) = parent_and_start(me).unwrap();
+        if parent > 1 {
+            assert_eq!(session_of(parent), None);
+        }
+        assert_eq!(
+            register_session("s", u32::MAX - 1, uid),
+            Err(RegisterError::NoProcess)
+        );
+        if uid != 0 {
+            assert_eq!(register_session("s", 1, uid), Err(RegisterError::NotYours));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        SESSIONS.lock().unwrap().take();
+    }
 
     #[test]
     fn tgid_is_read_from_status() {

@@ -15,6 +15,7 @@ use log::info;
 use sha2::{Digest, Sha256};
 
 use super::view::ViewEntry;
+use super::logdiff::SessionChanges;
 use super::{History, agent_state};
 use crate::fs::{PassthroughFs, sys};
 use crate::transcript::record::EntryKind;
@@ -232,25 +233,88 @@ fn keep_agent_state(steps: Vec<Step>, only: &[String]) -> (Vec<Step>, Vec<Kept>)
     (steps, kept)
 }
 
-/// Rewinds the mounted tree to checkpoint `id` (only `paths` when given). Returns the
-/// report the CLI prints; `progress(done, total)` follows the changes as they are made.
-/// Agent state (see [`agent_state`]) is left alone unless `rewind_agent_state`.
+/// What to rewind, and how.
+#[derive(Debug, Default, Clone)]
+pub struct RewindOptions {
+    /// Only these paths (relative to the mount root); all when empty.
+    pub paths: Vec<String>,
+    /// Report what would change, change nothing.
+    pub dry_run: bool,
+    /// Rewind agent state too (see [`agent_state`]); by default it is kept.
+    pub rewind_agent_state: bool,
+    /// Only what this agent session changed since the checkpoint.
+    pub session: Option<String>,
+    /// With `session`: rewind paths others changed too.
+    pub force: bool,
+}
+
+/// Narrows `only` to what `session` changed after checkpoint `k`. Refuses (changing
+/// nothing) when others changed any of those paths too, unless `force`; the report notes
+/// them either way.
+fn session_selection(
+    history: &History,
+    k: usize,
+    id: &str,
+    session: &str,
+    only: &[String],
+    force: bool,
+    out: &mut String,
+) -> io::Result<(Vec<String>, SessionChanges)> {
+    // Attribution is read from the transcript: everything recorded so far must be in it.
+    history.flush()?;
+    let changed = history.session_changes_since(k, session)?;
+    let within =
+        |p: &str| only.is_empty() || only.iter().any(|o| agent_state::is_at_or_below(p, o));
+    let changed: SessionChanges = changed
+        .into_iter()
+        .filter(|(p, _)| !p.is_empty() && within(p))
+        .collect();
+    if changed.is_empty() {
+        out.push_str(&format!("session {session} changed nothing since '{id}'\n"));
+    }
+    let conflicts: Vec<String> = changed
+        .iter()
+        .filter(|(_, others)| !others.is_empty())
+        .map(|(p, others)| {
+            format!(
+                "{p} (also changed by {})",
+                others.iter().cloned().collect::<Vec<_>>().join("; ")
+            )
+        })
+        .collect();
+    if !conflicts.is_empty() && !force {
+        return Err(io::Error::other(format!(
+            "refusing to rewind session {session} to '{id}': others changed these paths \
+             after it too, so rewinding them would undo their work:\n  {}\nNothing was \
+             changed. Rewind the other paths with: checkpointfs rewind MNT {id} -- PATH..., \
+             or all of them with --force",
+            conflicts.join("\n  ")
+        )));
+    }
+    for c in &conflicts {
+        out.push_str(&format!("forced: {c}\n"));
+    }
+    Ok((changed.keys().cloned().collect(), changed))
+}
+
+/// Rewinds the mounted tree to checkpoint `id` as `opts` say. Returns the report the CLI
+/// prints; `progress(done, total)` follows the changes as they are made.
 pub fn rewind(
     fs: &PassthroughFs,
     id: &str,
-    dry_run: bool,
-    paths: &[String],
-    rewind_agent_state: bool,
+    opts: &RewindOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> io::Result<String> {
     let history = fs.history();
+    let dry_run = opts.dry_run;
     let k = history.checkpoint_index(id).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
             format!("no checkpoint named '{id}' (see: checkpointfs log MNT)"),
         )
     })?;
-    let only: Vec<String> = paths
+    let mut only: Vec<String> = opts
+        .paths
         .iter()
         .map(|p| p.trim_matches('/').to_string())
         .collect();
@@ -262,13 +326,39 @@ pub fn rewind(
             ));
         }
     }
+    let mut out = String::new();
+    let mut session_paths = None;
+    if let Some(session) = &opts.session {
+        let (paths, changed) =
+            session_selection(history, k, id, session, &only, opts.force, &mut out)?;
+        if paths.is_empty() {
+            return Ok(out);
+        }
+        only = paths;
+        session_paths = Some(changed);
+    }
     let steps = history.plan_rewind(k, &only)?;
-    let (steps, kept) = if rewind_agent_state {
+    // A session's rewind must not reach what others made inside a directory it created or
+    // removed (rewinding `d` would remove their `d/x` too).
+    if let Some(changed) = &session_paths {
+        let collateral: Vec<&str> = steps
+            .iter()
+            .map(Step::path)
+            .filter(|p| !changed.contains_key(*p))
+            .collect();
+        if !collateral.is_empty() && !opts.force {
+            return Err(io::Error::other(format!(
+                "refusing to rewind the session to '{id}': it would also change paths the \
+                 session did not change:\n  {}\nNothing was changed; --force rewinds them too",
+                collateral.join("\n  ")
+            )));
+        }
+    }
+    let (steps, kept) = if opts.rewind_agent_state {
         (steps, Vec::new())
     } else {
         keep_agent_state(steps, &only)
     };
-    let mut out = String::new();
     for k in &kept {
         out.push_str(&format!(
             "{} {} ({}; --rewind-agent-state rewinds it)\n",

@@ -320,6 +320,13 @@ pub(crate) fn backup_of(
     }
 }
 
+fn actor_key(a: &Actor) -> super::ActorKey {
+    super::ActorKey {
+        pid: a.pid,
+        session: a.session.clone(),
+    }
+}
+
 /// What Layer 1 must do for a path before it changes.
 enum Need {
     Nothing,
@@ -442,7 +449,30 @@ impl History {
                 Some(_) => Need::MarkDirty,
             };
             match need {
-                Need::Nothing => return Ok(()),
+                Need::Nothing => {
+                    // Already changed in this message; a process or session not yet recorded
+                    // for it gets a record of its own (the content is stored already).
+                    let Some(c) = caller.filter(|_| !fill) else {
+                        return Ok(());
+                    };
+                    let known = actor
+                        .clone()
+                        .or_else(|| super::process::cached_actor(c.pid, c.uid));
+                    let Some(a) = known else {
+                        drop(st);
+                        actor = Some(self.actor(c));
+                        st = self.lock();
+                        continue;
+                    };
+                    if !st.note_actor(rel, actor_key(&a)) {
+                        return Ok(());
+                    }
+                    let h = st.paths.get(rel).ok_or_else(|| errno(libc::EIO))?;
+                    let n = h.versions.len() as u32;
+                    let v = h.versions[n as usize - 1].clone();
+                    debug!("layer 1: {rel} also changed by pid {}", a.pid);
+                    return self.emit_layer1(&mut st, rel, n, &v, Some(a), false, false);
+                }
                 Need::MarkDirty => {
                     if let (Some(c), None) = (caller, &actor) {
                         drop(st);
@@ -455,6 +485,9 @@ impl History {
                     let n = h.versions.len() as u32;
                     let v = h.versions[n as usize - 1].clone();
                     let actor = actor.clone();
+                    if let Some(a) = &actor {
+                        st.note_actor(rel, actor_key(a));
+                    }
                     debug!("layer 1: {rel} changes again (v{n} already stored)");
                     return self.emit_layer1(&mut st, rel, n, &v, actor, false, false);
                 }
@@ -497,6 +530,9 @@ impl History {
                         st.track_child(rel);
                     }
                     let actor = actor.clone();
+                    if let Some(a) = &actor {
+                        st.note_actor(rel, actor_key(a));
+                    }
                     debug!("layer 1: backed up {rel} as v{version}");
                     return self.emit_layer1(
                         &mut st,
@@ -508,6 +544,33 @@ impl History {
                         fresh_content,
                     );
                 }
+            }
+        }
+    }
+
+    /// `session ID PID` written to ctl: PID (an agent process, e.g. from its prompt hook)
+    /// becomes the root of session ID; its tree's changes are attributed to the session.
+    /// EINVAL: malformed; ESRCH: no such process; EPERM: another user's process.
+    pub fn register_session(&self, caller: &Caller, args: &[u8]) -> io::Result<()> {
+        let text = std::str::from_utf8(args).unwrap_or("");
+        let mut words = text.split(' ');
+        let (Some(id), Some(pid), None) = (words.next(), words.next(), words.next()) else {
+            warn!("ctl: malformed session registration from {caller} (want: session ID PID)");
+            return Err(errno(libc::EINVAL));
+        };
+        let (Ok(id), Ok(pid)) = (crate::ids::validate_id(id.as_bytes()), pid.parse::<u32>()) else {
+            warn!("ctl: malformed session registration from {caller}: {text:?}");
+            return Err(errno(libc::EINVAL));
+        };
+        match super::process::register_session(id, pid, caller.uid) {
+            Ok(()) => {
+                info!("session {id}: process {pid} and its descendants (registered by {caller})");
+                Ok(())
+            }
+            Err(super::process::RegisterError::NoProcess) => Err(errno(libc::ESRCH)),
+            Err(super::process::RegisterError::NotYours) => {
+                warn!("ctl: {caller} may not register another user's process {pid}");
+                Err(errno(libc::EPERM))
             }
         }
     }

@@ -106,6 +106,9 @@ pub struct Actor {
     /// `/proc/<pid>/exe` at the time of the request, when it could be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exe: Option<String>,
+    /// The agent session whose process tree made the request, if one was registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// RFC 3339 (UTC, milliseconds) for a point in time.
