@@ -14,8 +14,8 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use log::info;
 use sha2::{Digest, Sha256};
 
-use super::view::ViewEntry;
 use super::logdiff::SessionChanges;
+use super::view::ViewEntry;
 use super::{History, agent_state};
 use crate::fs::{PassthroughFs, sys};
 use crate::transcript::record::EntryKind;
