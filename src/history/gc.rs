@@ -419,17 +419,14 @@ impl History {
         progress: &mut dyn FnMut(usize, usize),
     ) -> io::Result<GcReport> {
         let rec = self.recorder()?;
-        // The writer builds deferred checkpoint records under `state`: let it finish them
-        // before we hold `state`, or it would wait for us while we wait for it.
-        rec.transcript.flush()?;
         let mut st = self.lock();
         // A fill in flight (copier or view) may be about to record an object the sweep
         // would delete; once `busy` is empty, no new one can start while we hold `state`.
         while !st.busy.is_empty() {
             st = self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        // Safe under `state`: checkpoints are excluded by the epoch lock, so nothing queued
-        // needs `state`. Makes the fills that finished meanwhile part of the transcript.
+        // Safe under `state`: the writer thread never takes `state`. Makes the fills that
+        // finished meanwhile part of the transcript.
         rec.transcript.flush()?;
         let path = rec.transcript.path().to_path_buf();
         let records = read_transcript(&path).map_err(replay_error)?.records;
@@ -496,6 +493,7 @@ fn adopt(st: &mut State, mut replayed: State, shift: usize) {
         .map(|(id, k)| (id, k + shift))
         .collect();
     st.paths = replayed.paths;
+    st.dirty_paths = replayed.dirty_paths;
     st.children = replayed.children;
     st.first_kept = shift;
     st.history_dropped = true;
@@ -543,7 +541,7 @@ pub fn gc_state_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transcript::record::{EntryKind, EntryMeta, TrackedFileBackup, rfc3339};
+    use crate::transcript::record::{TrackedFileBackup, rfc3339};
 
     const T0: u64 = 1_800_000_000;
 
@@ -552,24 +550,7 @@ mod tests {
     }
 
     fn file(version: u32, object: &str) -> TrackedFileBackup {
-        TrackedFileBackup {
-            backup_file_name: Some(object.to_string()),
-            version,
-            backup_time: rfc3339(at(T0)),
-            meta: Some(EntryMeta {
-                kind: EntryKind::File,
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                size: 1,
-                mtime_sec: 0,
-                mtime_nsec: 0,
-                rdev: None,
-            }),
-            pending: false,
-            actor: None,
-            fill: false,
-        }
+        crate::transcript::testutil::file_entry(version, object, &rfc3339(at(T0)))
     }
 
     fn absent(version: u32) -> TrackedFileBackup {

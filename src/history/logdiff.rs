@@ -217,6 +217,7 @@ impl History {
     pub fn log_report(&self) -> io::Result<LogReport> {
         let checkpoints = self.checkpoints();
         let actors = self.changers_by_epoch()?;
+        let index = self.versions_by_checkpoint();
         // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
         // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
         let (first_kept, history_dropped) = self.first_kept();
@@ -230,11 +231,11 @@ impl History {
         let before_first = if history_dropped {
             Vec::new()
         } else {
-            self.log_changes(Point::Origin, point(0), 0, &actors)?
+            self.log_changes(Point::Origin, point(0), 0, &actors, &index)?
         };
         let mut out = Vec::with_capacity(checkpoints.len());
         for (i, c) in checkpoints.iter().enumerate() {
-            let changes = self.log_changes(point(i), point(i + 1), i + 1, &actors)?;
+            let changes = self.log_changes(point(i), point(i + 1), i + 1, &actors, &index)?;
             out.push(LogCheckpoint {
                 id: c.id.clone(),
                 time: Timestamp::of(c.time),
@@ -260,9 +261,10 @@ impl History {
         b: Point,
         epoch: usize,
         actors: &BTreeMap<(usize, String), Changers>,
+        index: &super::report::VersionIndex,
     ) -> io::Result<Vec<LogChange>> {
         let mut out = Vec::new();
-        for (path, (change, before, after)) in self.changes(a, b)? {
+        for (path, (change, before, after)) in self.changes_with(index, a, b)? {
             let side = |e: Option<&ViewEntry>| -> io::Result<Option<EntryFacts>> {
                 let Some(e) = e else { return Ok(None) };
                 // Store objects are named by their hash: only live files, and symlinks (for

@@ -36,15 +36,14 @@
 //! journal, transcript: leaf locks). Nothing holds `state` while copying file data: a path
 //! being copied is marked busy instead, and other threads wanting that path wait on
 //! `busy_cond`. One exception waits on the transcript writer while holding `state`: gc's
-//! flush and rewrite. That is safe because gc holds the epoch lock exclusively, so no
-//! checkpoint can queue a deferred record (the only writer work that takes `state`), and it
-//! flushes the ones already queued before it takes `state` (see `gc`). The exclusion
+//! flush and rewrite. That is safe because the writer thread never takes `state`. The exclusion
 //! matchers' caches (`exclusions`) are leaf locks, never taken with `state` held and never
 //! one inside the other.
 pub mod agent_state;
 pub mod exclusions;
 pub mod gc;
 pub mod logdiff;
+mod migrate;
 mod process;
 pub mod report;
 pub mod rewind;
@@ -151,6 +150,9 @@ pub struct Checkpoint {
 #[derive(Default)]
 pub(crate) struct State {
     pub paths: HashMap<String, PathHistory>,
+    /// The paths with `dirty` set, so that a checkpoint costs O(changed), not O(tracked).
+    /// Changed only through [`State::mark_dirty`] and [`State::clear_dirty`].
+    pub dirty_paths: HashSet<String>,
     /// parent path → names of its tracked children, for views of directories.
     pub children: HashMap<String, BTreeSet<String>>,
     /// Every checkpoint this daemon has known, by index; those before `first_kept` were
@@ -201,6 +203,27 @@ impl State {
 }
 
 impl State {
+    /// Marks tracked path `rel` changed since the last checkpoint.
+    pub fn mark_dirty(&mut self, rel: &str) {
+        if let Some(h) = self.paths.get_mut(rel) {
+            h.dirty = true;
+            if !self.dirty_paths.contains(rel) {
+                self.dirty_paths.insert(rel.to_owned());
+            }
+        }
+    }
+
+    /// A checkpoint was taken: nothing is changed since it. Returns the paths that were.
+    pub fn clear_dirty(&mut self) -> Vec<String> {
+        let dirty: Vec<String> = self.dirty_paths.drain().collect();
+        for p in &dirty {
+            if let Some(h) = self.paths.get_mut(p) {
+                h.dirty = false;
+            }
+        }
+        dirty
+    }
+
     /// The checkpoints that were not dropped by gc, oldest first.
     pub fn kept(&self) -> &[Checkpoint] {
         &self.checkpoints[self.first_kept.min(self.checkpoints.len())..]
@@ -255,8 +278,6 @@ pub struct History {
     pending: Mutex<VecDeque<(String, u32)>>,
     pending_cond: Condvar,
     stopping: std::sync::atomic::AtomicBool,
-    /// This history's own Arc, for work handed to other threads.
-    me: std::sync::Weak<History>,
 }
 
 impl History {

@@ -43,6 +43,9 @@ fn not_found(id: &str) -> io::Error {
     )
 }
 
+/// See [`History::versions_by_checkpoint`].
+pub(crate) type VersionIndex = BTreeMap<usize, Vec<String>>;
+
 /// How a path changed, with its entry before and after (`None`: absent).
 pub type Change = (ChangeKind, Option<ViewEntry>, Option<ViewEntry>);
 
@@ -63,7 +66,53 @@ impl History {
 
     /// Tracked paths that differ between `a` and `b`, with the entries on each side.
     pub fn changes(&self, a: Point, b: Point) -> io::Result<BTreeMap<String, Change>> {
-        let paths: BTreeSet<String> = self.lock().paths.keys().cloned().collect();
+        let index = self.versions_by_checkpoint();
+        self.changes_with(&index, a, b)
+    }
+
+    /// checkpoint index → the paths that got a version at it. Built once per report, in
+    /// O(versions), so that comparing two checkpoints looks only at what changed between
+    /// them, not at every tracked path.
+    pub(crate) fn versions_by_checkpoint(&self) -> VersionIndex {
+        let st = self.lock();
+        let mut index: VersionIndex = BTreeMap::new();
+        for (path, h) in &st.paths {
+            for k in h.versions.iter().filter_map(|v| v.since) {
+                index.entry(k).or_default().push(path.clone());
+            }
+        }
+        index
+    }
+
+    /// [`History::changes`] with an index from [`History::versions_by_checkpoint`].
+    pub(crate) fn changes_with(
+        &self,
+        index: &VersionIndex,
+        a: Point,
+        b: Point,
+    ) -> io::Result<BTreeMap<String, Change>> {
+        // Between two recorded points a path can differ only if it has a version made
+        // between them (from the origin: at or before the later one); otherwise both sides
+        // are the same version. The live tree can differ anywhere (a change made in SRC
+        // directly), so against it every tracked path is compared.
+        let recorded = |p: Point| match p {
+            Point::Origin => Some(None),
+            Point::Checkpoint(k) => Some(Some(k)),
+            Point::Now => None,
+        };
+        let paths: BTreeSet<String> = match (recorded(a), recorded(b)) {
+            (Some(x), Some(y)) => {
+                let (lo, hi) = if x <= y { (x, y) } else { (y, x) };
+                let hi = hi.unwrap_or(0);
+                let range = match lo {
+                    None => index.range(..=hi),
+                    Some(lo) if lo < hi => index.range(lo + 1..=hi),
+                    Some(_) => index.range(1..1),
+                };
+                range.flat_map(|(_, ps)| ps.iter().cloned()).collect()
+            }
+            _ => self.lock().paths.keys().cloned().collect(),
+        };
         let mut out = BTreeMap::new();
         for p in paths {
             let before = self.entry_at_point(a, &p)?;

@@ -199,10 +199,7 @@ impl History {
         let checkpoints = self.checkpoints();
         let (tracked_paths, changed) = {
             let st = self.lock();
-            (
-                st.paths.len(),
-                st.paths.values().filter(|h| h.dirty).count(),
-            )
+            (st.paths.len(), st.dirty_paths.len())
         };
         let latest = checkpoints.last().map(|c| CheckpointRef {
             id: c.id.clone(),

@@ -16,11 +16,10 @@ use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionS
 use crate::fs::sys;
 use crate::transcript::journal::Journal;
 use crate::transcript::record::{
-    Actor, EntryKind, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, Snapshot, TrackedFileBackup,
-    rfc3339,
+    Actor, EntryKind, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, TrackedFileBackup, rfc3339,
 };
 use crate::transcript::replay::{read_transcript, truncate_torn_tail};
-use crate::transcript::writer::TranscriptWriter;
+use crate::transcript::writer::{TranscriptWriter, rewrite_atomically};
 
 fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
@@ -110,7 +109,7 @@ fn assemble(
         source_fd.try_clone()?,
         global_excludes,
     )?;
-    Ok(Arc::new_cyclic(|me| History {
+    Ok(Arc::new(History {
         source: cfg.source,
         source_fd,
         state_dir: cfg.state_dir,
@@ -122,7 +121,6 @@ fn assemble(
         pending: Mutex::new(pending),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
-        me: me.clone(),
     }))
 }
 
@@ -135,9 +133,22 @@ pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let store = Store::open(&cfg.state_dir.join("backups"))?;
     let transcript_path = cfg.state_dir.join("transcript.jsonl");
     let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
-    let loaded = load(&cfg.state_dir)?;
-    // Leaves the file ending on a line boundary, which the writer requires.
-    truncate_torn_tail(&transcript_path, &loaded.transcript_outcome)?;
+    let mut loaded = load(&cfg.state_dir)?;
+    if super::migrate::has_full_checkpoints(&loaded.transcript_outcome.records) {
+        // Once, for a state dir from before delta checkpoints: the rewrite also leaves the
+        // file ending on a line boundary.
+        let records = std::mem::take(&mut loaded.transcript_outcome.records);
+        let before = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
+        rewrite_atomically(&transcript_path, &super::migrate::to_delta_form(records))?;
+        let after = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
+        info!(
+            "transcript {}: rewrote its checkpoints in delta form ({before} -> {after} bytes)",
+            transcript_path.display()
+        );
+    } else {
+        // Leaves the file ending on a line boundary, which the writer requires.
+        truncate_torn_tail(&transcript_path, &loaded.transcript_outcome)?;
+    }
 
     let journal = Arc::new(Journal::open(&journal_path)?);
     let transcript = TranscriptWriter::start(&transcript_path)?;
@@ -230,9 +241,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             time,
         });
         state.checkpoint_ids.insert(id, k);
-        for h in state.paths.values_mut() {
-            h.dirty = false;
-        }
+        state.clear_dirty();
         for (path, b) in &r.snapshot.tracked_file_backups {
             let new_path = !state.paths.contains_key(path);
             let h = state.paths.entry(path.clone()).or_default();
@@ -273,7 +282,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             h.versions[v - 1].state = state_of(b);
         }
         if !b.fill {
-            h.dirty = true;
+            state.mark_dirty(path);
         }
         if new_path {
             state.track_child(path);
@@ -480,8 +489,8 @@ impl History {
                         st = self.lock();
                         continue;
                     }
-                    let h = st.paths.get_mut(rel).ok_or_else(|| errno(libc::EIO))?;
-                    h.dirty = true;
+                    st.mark_dirty(rel);
+                    let h = st.paths.get(rel).ok_or_else(|| errno(libc::EIO))?;
                     let n = h.versions.len() as u32;
                     let v = h.versions[n as usize - 1].clone();
                     let actor = actor.clone();
@@ -522,10 +531,10 @@ impl History {
                         });
                         h.versions.len()
                     };
-                    if !fill {
-                        h.dirty = true;
-                    }
                     let v = h.versions[version - 1].clone();
+                    if !fill {
+                        st.mark_dirty(rel);
+                    }
                     if new_path {
                         st.track_child(rel);
                     }
@@ -594,18 +603,12 @@ impl History {
         let mut backups = BTreeMap::new();
         backups.insert(rel.to_string(), backup_of(version, v, actor, fill));
         let message = st.current_message();
-        let record = Record {
-            record_type: FILE_HISTORY_SNAPSHOT.to_string(),
-            message_id: message.clone(),
-            snapshot: Snapshot {
-                message_id: message,
-                tracked_file_backups: backups,
-                timestamp: rfc3339(SystemTime::now()),
-            },
-            is_snapshot_update: true,
-            seq: st.next_seq,
-            gc_base: false,
-        };
+        let record = Record::snapshot_update(
+            message.as_deref(),
+            st.next_seq,
+            rfc3339(SystemTime::now()),
+            backups,
+        );
         st.next_seq += 1;
         // The journal is what makes the record survive a daemon crash; if it cannot be
         // written, the change must not go ahead.
@@ -691,12 +694,7 @@ impl History {
         // paths that are not dirty — the ones this checkpoint does not touch.
         let k = st.checkpoints.len();
         let now = SystemTime::now();
-        let dirty: Vec<String> = st
-            .paths
-            .iter()
-            .filter(|(_, h)| h.dirty)
-            .map(|(p, _)| p.clone())
-            .collect();
+        let dirty: Vec<String> = st.dirty_paths.iter().cloned().collect();
         // New versions, computed before touching the state so that a failed copy (ENOSPC)
         // leaves no half-made checkpoint behind.
         let mut new_versions: Vec<(String, VersionState, bool)> = Vec::with_capacity(dirty.len());
@@ -716,9 +714,7 @@ impl History {
             time: now,
         });
         st.checkpoint_ids.insert(id.to_string(), k);
-        for h in st.paths.values_mut() {
-            h.dirty = false;
-        }
+        st.clear_dirty();
         let mut delta = BTreeMap::new();
         let mut continuing = Vec::new();
         let mut to_fill = Vec::new();
@@ -739,63 +735,21 @@ impl History {
                 to_fill.push((path.clone(), n));
             }
             if still_open {
-                h.dirty = true;
                 continuing.push((path, n));
             }
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        let record = move |backups| Record {
-            record_type: FILE_HISTORY_SNAPSHOT.to_string(),
-            message_id: Some(id.to_string()),
-            snapshot: Snapshot {
-                message_id: Some(id.to_string()),
-                tracked_file_backups: backups,
-                timestamp: rfc3339(now),
-            },
-            is_snapshot_update: false,
-            seq,
-            gc_base: false,
-        };
+        // The record lists only the new versions: every other path keeps its version at the
+        // previous checkpoint, which replay already has. So a checkpoint costs O(changed),
+        // whatever the size of the tree. Journal first (it is what survives a crash), before
+        // the marker returns.
+        let record = Record::checkpoint_delta(id, seq, rfc3339(now), delta);
         let rec = self.recorder()?;
-        // The journal gets only the new versions (replay needs nothing else), before the
-        // marker returns. The transcript gets the full map, built on its writer thread: the
-        // state at checkpoint k never changes (later versions have later checkpoints), so
-        // building it later gives the same map without holding up the marker.
-        rec.journal.append(&record(delta), false)?;
-        let me = self.me.clone();
-        let id_owned = id.to_string();
-        rec.transcript.append_deferred(Box::new(move || {
-            let history = me.upgrade()?;
-            let st = history.lock();
-            let full: BTreeMap<String, TrackedFileBackup> = st
-                .paths
-                .iter()
-                .filter(|(_, h)| h.first_epoch <= k && !h.versions.is_empty())
-                .map(|(p, h)| {
-                    let n = h.version_at(k);
-                    (
-                        p.clone(),
-                        backup_of(n as u32, &h.versions[n - 1], None, false),
-                    )
-                })
-                .collect();
-            drop(st);
-            let r = Record {
-                record_type: FILE_HISTORY_SNAPSHOT.to_string(),
-                message_id: Some(id_owned.clone()),
-                snapshot: Snapshot {
-                    message_id: Some(id_owned),
-                    tracked_file_backups: full,
-                    timestamp: rfc3339(now),
-                },
-                is_snapshot_update: false,
-                seq,
-                gc_base: false,
-            };
-            Some(r)
-        }));
+        rec.journal.append(&record, false)?;
+        rec.transcript.append(record);
         for (path, n) in continuing {
+            st.mark_dirty(&path);
             let v = st.paths[&path].versions[n as usize - 1].clone();
             self.emit_layer1(&mut st, &path, n, &v, None, false, false)?;
         }

@@ -6,5 +6,5 @@ pub mod journal;
 pub mod record;
 pub mod replay;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 pub mod writer;

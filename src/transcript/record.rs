@@ -29,6 +29,13 @@ pub struct Record {
     /// as version 1; the checkpoints before it were dropped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gc_base: bool,
+    /// Extra: only in checkpoints, only when `true`: `trackedFileBackups` lists just the
+    /// paths that got a new version at this checkpoint; every other tracked path keeps its
+    /// version at the previous one. Written by every checkpoint since transcript format 2, so
+    /// a checkpoint costs what changed, not the size of the tree. Replay composes both forms
+    /// the same way (a full map repeats versions already known, which replay skips).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delta: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,9 +124,9 @@ pub fn rfc3339(t: std::time::SystemTime) -> String {
 }
 
 impl Record {
-    /// A checkpoint (Layer 2) record: `messageId` and `snapshot.messageId` are both the
-    /// checkpoint's own id, and `tracked_file_backups` maps every tracked path to its version at
-    /// that moment.
+    /// A checkpoint (Layer 2) record in full form: `messageId` and `snapshot.messageId` are
+    /// both the checkpoint's own id, and `tracked_file_backups` maps every tracked path to its
+    /// version at that moment. (The daemon writes [`Record::checkpoint_delta`].)
     pub fn checkpoint(
         id: &str,
         seq: u64,
@@ -133,6 +140,19 @@ impl Record {
             tracked_file_backups,
             false,
         )
+    }
+
+    /// A checkpoint record in delta form: `changed` holds only the paths that got a new
+    /// version at this checkpoint (see [`Record::delta`]).
+    pub fn checkpoint_delta(
+        id: &str,
+        seq: u64,
+        timestamp: String,
+        changed: BTreeMap<String, TrackedFileBackup>,
+    ) -> Record {
+        let mut r = Record::checkpoint(id, seq, timestamp, changed);
+        r.delta = true;
+        r
     }
 
     /// A Layer 1 record (`isSnapshotUpdate: true`): a backup or the fill of a pending version.
@@ -171,6 +191,7 @@ impl Record {
             is_snapshot_update,
             seq,
             gc_base: false,
+            delta: false,
         }
     }
 

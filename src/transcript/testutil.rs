@@ -28,6 +28,28 @@ fn file_backup(version: u32) -> TrackedFileBackup {
     }
 }
 
+/// A 1-byte regular file's entry, content in `object`, captured at `time`.
+pub(crate) fn file_entry(version: u32, object: &str, time: &str) -> TrackedFileBackup {
+    TrackedFileBackup {
+        backup_file_name: Some(object.to_string()),
+        version,
+        backup_time: time.to_string(),
+        meta: Some(EntryMeta {
+            kind: EntryKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size: 1,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            rdev: None,
+        }),
+        pending: false,
+        actor: None,
+        fill: false,
+    }
+}
+
 /// A Layer 1 record backing up `src/lib.rs` at version `seq`.
 pub(crate) fn backup(seq: u64, latest_checkpoint: Option<&str>) -> Record {
     let files = BTreeMap::from([("src/lib.rs".to_owned(), file_backup(seq as u32))]);

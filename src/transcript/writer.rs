@@ -54,12 +54,8 @@ pub type DurableCallback = Box<dyn Fn(u64) + Send>;
 
 type Reply = Sender<io::Result<u64>>;
 
-/// Builds a record on the writer thread (see [`TranscriptWriter::append_deferred`]).
-pub type DeferredRecord = Box<dyn FnOnce() -> Option<Record> + Send>;
-
 enum Msg {
     Append(Record),
-    Deferred(DeferredRecord),
     Flush(Reply),
     OnDurable(DurableCallback),
     Rewrite(Vec<Record>, Reply),
@@ -144,22 +140,6 @@ impl TranscriptWriter {
         if !sent {
             log::error!(
                 "{}: transcript writer has stopped; record seq {seq} is lost",
-                self.path.display()
-            );
-        }
-    }
-
-    /// Like `append`, but the record is built on the writer thread, in its place in the
-    /// order of appends. For records that are expensive to build (a checkpoint's full map
-    /// of tracked paths) and need not hold up the caller. `None` skips the record.
-    pub fn append_deferred(&self, build: DeferredRecord) {
-        let sent = match &self.tx {
-            Some(tx) => tx.send(Msg::Deferred(build)).is_ok(),
-            None => false,
-        };
-        if !sent {
-            log::error!(
-                "{}: transcript writer has stopped; a record is lost",
                 self.path.display()
             );
         }
@@ -343,11 +323,6 @@ impl Worker {
     fn handle(&mut self, msg: Msg, waiters: &mut Vec<Reply>) {
         match msg {
             Msg::Append(record) => self.accept(&record),
-            Msg::Deferred(build) => {
-                if let Some(record) = build() {
-                    self.accept(&record);
-                }
-            }
             Msg::Flush(reply) => waiters.push(reply),
             Msg::OnDurable(f) => self.on_durable = Some(f),
             Msg::Rewrite(records, reply) => {
