@@ -1053,9 +1053,14 @@ impl PassthroughFs {
     /// Takes checkpoint `id` (Layer 2): excludes every mutation while the history records
     /// the consistent state, then lets background copying finish the rest.
     pub fn checkpoint(&self, id: &str) -> io::Result<()> {
+        // Files open for writing are copied first, outside the epoch lock, so that copying a
+        // big one does not stall every writer; under the lock only the copies of files
+        // written meanwhile are made again (see history::open_files).
+        let pre_copies = self.history().precopy_open(&self.paths_open_for_write());
         self.gate.exclusive(|| {
             let open_for_write = self.paths_open_for_write();
-            self.history().make_checkpoint(id, &open_for_write)
+            self.history()
+                .make_checkpoint(id, &open_for_write, pre_copies)
         })?;
         info!("checkpoint {id}");
         Ok(())

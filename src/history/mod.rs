@@ -44,6 +44,7 @@ pub mod exclusions;
 pub mod gc;
 pub mod logdiff;
 mod migrate;
+mod open_files;
 mod process;
 pub mod report;
 pub mod rewind;

@@ -682,31 +682,40 @@ impl History {
 
     /// Layer 2: takes checkpoint `id`. The gate calls this with every mutation excluded and
     /// the paths of files open for writing.
-    pub fn make_checkpoint(&self, id: &str, open_for_write: &[Vec<u8>]) -> io::Result<()> {
+    pub(crate) fn make_checkpoint(
+        &self,
+        id: &str,
+        open_for_write: &[Vec<u8>],
+        pre_copies: super::open_files::PreCopies,
+    ) -> io::Result<()> {
         let t0 = std::time::Instant::now();
         let open: HashSet<&str> = open_for_write.iter().filter_map(|p| rel_key(p)).collect();
-        let mut st = self.lock();
-        if st.checkpoint_ids.contains_key(id) {
-            return Err(errno(libc::EEXIST));
-        }
-        // No need to wait for copies in flight: the caller holds the epoch lock, so no Layer 1
-        // capture is running, and the copier only fills pending versions, which belong to
-        // paths that are not dirty — the ones this checkpoint does not touch.
-        let k = st.checkpoints.len();
+        let (k, dirty) = {
+            let st = self.lock();
+            if st.checkpoint_ids.contains_key(id) {
+                return Err(errno(libc::EEXIST));
+            }
+            let dirty: Vec<String> = st.dirty_paths.iter().cloned().collect();
+            (st.checkpoints.len(), dirty)
+        };
         let now = SystemTime::now();
-        let dirty: Vec<String> = st.dirty_paths.iter().cloned().collect();
-        // New versions, computed before touching the state so that a failed copy (ENOSPC)
-        // leaves no half-made checkpoint behind.
-        let mut new_versions: Vec<(String, VersionState, bool)> = Vec::with_capacity(dirty.len());
-        for path in &dirty {
-            let still_open = open.contains(path.as_str());
-            let state = if still_open {
-                self.capture(path)?.0
-            } else {
-                self.capture_cheap(path)?
-            };
-            new_versions.push((path.clone(), state, still_open));
+        // New versions, computed without `state` (copies of open files take time, and views
+        // and status need not wait for them) and before touching it, so that a failed copy
+        // (ENOSPC) leaves no half-made checkpoint behind. The caller's epoch lock keeps the
+        // dirty set as it is: Layer 1 is excluded, and the copier and views only fill
+        // pending versions, which no dirty path has.
+        let (open_dirty, closed_dirty): (Vec<String>, Vec<String>) =
+            dirty.into_iter().partition(|p| open.contains(p.as_str()));
+        let mut new_versions: Vec<(String, VersionState, bool)> =
+            Vec::with_capacity(open_dirty.len() + closed_dirty.len());
+        for (path, state) in self.capture_open_files(&open_dirty, pre_copies)? {
+            new_versions.push((path, state, true));
         }
+        for path in closed_dirty {
+            let state = self.capture_cheap(&path)?;
+            new_versions.push((path, state, false));
+        }
+        let mut st = self.lock();
         // Files open for writing that were not dirty cannot exist (the open marked them),
         // except across a remount; treat them the same.
         st.checkpoints.push(Checkpoint {

@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# scripts/bench-scale.sh — what checkpointfs costs as the tree and the session grow.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: scripts/bench-scale.sh [--quick] [--bin PATH] [--help]
+
+Prints, in one run on the same disk (each figure with what it is compared to):
+  transcript_per_checkpoint  transcript bytes added per checkpoint (5 paths changed
+                             before each) at 10k and 100k tracked paths;      bar <= 20 KB
+  marker_latency             median `echo ID > .checkpoint/ctl` (5 changed) at 1k, 10k
+                             and 100k tracked paths;                          bar <= 5 ms
+  remount / log              after 1,000 checkpoints at 10k tracked paths:
+                             `checkpointfs mount` and `checkpointfs log`;     bars <= 3 s, <= 2 s
+  first_write                median first write (append 1 byte) to an existing small
+                             file, per --durability mode the binary has, against
+                             the same append natively;                        bar <= 15x (default)
+  store_bytes                bytes the store allocates against the allocated bytes
+                             of the distinct pre-images it holds (a sparse file
+                             included);                                       bar <= 1.0x
+--quick: 1k/10k tracked paths and 200 checkpoints (the bars are then indicative only).
+Needs root (FUSE mounts). Every mount is unmounted on every exit path.
+EOF
+}
+
+QUICK=0
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${CHECKPOINTFS_BIN:-$ROOT/target/release/checkpointfs}
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --quick) QUICK=1 ;;
+        --bin) BIN=$2; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "bench-scale: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ -x $BIN ]] || { echo "bench-scale: no binary at $BIN (cargo build --release)" >&2; exit 2; }
+
+if [[ $QUICK == 1 ]]; then
+    SIZES="1000 10000" LONG_CHECKPOINTS=200
+else
+    SIZES="1000 10000 100000" LONG_CHECKPOINTS=1000
+fi
+
+W=$(mktemp -d "${BENCH_DIR:-/var/tmp}/cpscale.XXXXXX")
+MNT=$W/mnt
+mkdir -p "$MNT"
+cleanup() {
+    local rc=$?
+    if mountpoint -q "$MNT" 2>/dev/null; then
+        "$BIN" umount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
+    fi
+    rm -rf -- "$W"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+FAILS=0
+row() { printf '%-34s %14s %14s %10s  %s\n' "$@"; }
+verdict() { # verdict NAME VALUE OP LIMIT
+    if awk -v v="$2" -v l="$4" -v op="$3" 'BEGIN { exit !(op == "<=" ? v <= l : v >= l) }'; then
+        echo "bar: $1 $3 $4: PASS ($2)"
+    else
+        echo "bar: $1 $3 $4: FAIL ($2)"; FAILS=$((FAILS + 1))
+    fi
+}
+secs() { python3 - "$@" <<'PY'
+import subprocess, sys, time
+t = time.perf_counter()
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(f"{time.perf_counter() - t:.3f}")
+PY
+}
+transcript_bytes() { stat -c %s "$1/transcript.jsonl"; }
+fresh() { # fresh NAME: a new SRC and state dir, mounted at $MNT
+    SRC=$W/$1-src STATE=$W/$1-state
+    mkdir -p "$SRC"
+    "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE"
+}
+
+# Creates N files through the mount (so all are tracked), in directories of 1,000.
+populate='import os, sys
+base, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(base, f"d{i // 1000:03d}")
+    if i % 1000 == 0:
+        os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:06d}"), "w") as f:
+        f.write(f"file {i}\n")'
+# Runs C checkpoints, each after changing 5 files; prints the median and p90 marker
+# latency in ms (the ctl write alone).
+checkpoints='import os, statistics, sys, time
+mnt, n, c, tag = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ctl = os.path.join(mnt, ".checkpoint/ctl")
+lat = []
+for k in range(c):
+    for j in range(5):
+        i = (k * 5 + j) * 7919 % n
+        with open(os.path.join(mnt, f"d{i // 1000:03d}", f"f{i:06d}"), "a") as f:
+            f.write(f"change {k}\n")
+    fd = os.open(ctl, os.O_WRONLY)
+    t = time.perf_counter()
+    os.write(fd, f"{tag}-{k}\n".encode())
+    lat.append((time.perf_counter() - t) * 1000)
+    os.close(fd)
+lat.sort()
+print(f"{statistics.median(lat):.2f} {lat[int(len(lat) * 0.9)]:.2f}")'
+
+echo "== transcript and marker as the tree grows (5 paths changed per checkpoint)"
+row "workload" "value" "compared to" "ratio" "note"
+for n in $SIZES; do
+    fresh "t$n"
+    python3 -c "$populate" "$MNT" "$n"
+    echo "base" > "$MNT/.checkpoint/ctl"
+    "$BIN" umount "$MNT"
+    before=$(transcript_bytes "$STATE")
+    "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE"
+    read -r med p90 < <(python3 -c "$checkpoints" "$MNT" "$n" 50 c)
+    "$BIN" umount "$MNT"
+    per=$(( ($(transcript_bytes "$STATE") - before) / 50 ))
+    row "transcript_per_checkpoint_$n" "$per B" "20000 B" "$(awk -v a="$per" 'BEGIN { printf "%.2fx", a / 20000 }')" "(incl. the 5 Layer 1 records)"
+    row "marker_latency_$n" "$med ms" "5 ms" "-" "(p90 $p90 ms)"
+    [[ $n -ge 10000 ]] && verdict "transcript_per_checkpoint_$n" "$per" "<=" 20000
+    verdict "marker_latency_$n" "$med" "<=" 5
+    rm -rf "$SRC" "$STATE"
+done
+
+echo
+echo "== a long session: $LONG_CHECKPOINTS checkpoints at 10k tracked paths"
+fresh long
+python3 -c "$populate" "$MNT" 10000
+python3 -c "$checkpoints" "$MNT" 10000 "$LONG_CHECKPOINTS" s >/dev/null
+"$BIN" umount "$MNT"
+tbytes=$(transcript_bytes "$STATE")
+mount_s=$(secs "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE")
+log_s=$(secs "$BIN" log "$MNT")
+"$BIN" umount "$MNT"
+row "transcript_after_$LONG_CHECKPOINTS" "$tbytes B" "-" "-" "(10k tracked, 5 changed per checkpoint)"
+row "remount_after_$LONG_CHECKPOINTS" "$mount_s s" "3 s" "-" "(checkpointfs mount: replay, until the mount is live)"
+row "log_after_$LONG_CHECKPOINTS" "$log_s s" "2 s" "-" "(checkpointfs log, text)"
+verdict "remount" "$mount_s" "<=" 3
+verdict "log" "$log_s" "<=" 2
+rm -rf "$SRC" "$STATE"
+
+echo
+echo "== first write to an existing small file (open, append 1 byte, close), median of 2000"
+first_write='import os, statistics, sys, time
+base = sys.argv[1]
+lat = []
+for i in range(2000):
+    p = os.path.join(base, f"f{i:04d}")
+    t = time.perf_counter()
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"x")
+    os.close(fd)
+    lat.append((time.perf_counter() - t) * 1000)
+print(f"{statistics.median(lat):.4f}")'
+make_files='import os, sys
+for i in range(2000):
+    with open(os.path.join(sys.argv[1], f"f{i:04d}"), "w") as f:
+        f.write("small file\n" * 10)'
+mkdir -p "$W/native"
+python3 -c "$make_files" "$W/native"
+sync
+native=$(python3 -c "$first_write" "$W/native")
+row "first_write_native" "$native ms" "-" "-" "(plain directory on the same disk)"
+modes=$("$BIN" mount --help | sed -n 's/.*--durability <[A-Z]*>.*\[possible values: \([^]]*\)\].*/\1/p' | tr -d ' ' | tr ',' ' ')
+[[ -n $modes ]] || modes=default
+for mode in $modes; do
+    SRC=$W/fw-$mode-src STATE=$W/fw-$mode-state
+    mkdir -p "$SRC"
+    python3 -c "$make_files" "$SRC"
+    sync
+    if [[ $mode == default ]]; then
+        "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE"
+    else
+        "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE" --durability "$mode"
+    fi
+    m=$(python3 -c "$first_write" "$MNT")
+    "$BIN" umount "$MNT"
+    r=$(awk -v a="$m" -v b="$native" 'BEGIN { printf "%.1f", a / b }')
+    row "first_write_$mode" "$m ms" "$native ms" "${r}x" "(Layer 1 backup before the append)"
+    rm -rf "$SRC" "$STATE"
+done
+
+echo
+echo "== store bytes against the distinct pre-images it holds"
+SRC=$W/store-src STATE=$W/store-state
+mkdir -p "$SRC" "$W/pre"
+python3 - "$SRC" <<'PY'
+import os, sys
+base = sys.argv[1]
+for i in range(200):
+    with open(os.path.join(base, f"f{i:03d}"), "wb") as f:
+        f.write(os.urandom(16384) if i % 2 else b"same content\n" * 1000)
+with open(os.path.join(base, "sparse"), "wb") as f:
+    f.truncate(256 << 20)
+    f.seek(128 << 20)
+    f.write(b"data")
+PY
+cp -a --sparse=always "$SRC/." "$W/pre/"
+"$BIN" mount "$SRC" "$MNT" --state-dir "$STATE"
+python3 - "$MNT" <<'PY'
+import os, sys
+base = sys.argv[1]
+for i in range(200):
+    with open(os.path.join(base, f"f{i:03d}"), "ab") as f:
+        f.write(b"!")
+with open(os.path.join(base, "sparse"), "r+b") as f:
+    f.seek(64 << 20)
+    f.write(b"x")
+PY
+echo store > "$MNT/.checkpoint/ctl"
+"$BIN" umount "$MNT"
+read -r store_alloc unique_alloc < <(python3 - "$STATE/backups" "$W/pre" <<'PY'
+import hashlib, os, re, sys
+store, pre = sys.argv[1], sys.argv[2]
+alloc = sum(os.stat(os.path.join(store, n)).st_blocks * 512
+            for n in os.listdir(store) if re.fullmatch(r"[0-9a-f]{64}", n))
+seen, unique = set(), 0
+for n in sorted(os.listdir(pre)):
+    p = os.path.join(pre, n)
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.digest() not in seen:
+        seen.add(h.digest())
+        unique += os.stat(p).st_blocks * 512
+print(alloc, unique)
+PY
+)
+r=$(awk -v a="$store_alloc" -v b="$unique_alloc" 'BEGIN { printf "%.2f", a / b }')
+row "store_bytes" "$store_alloc B" "$unique_alloc B" "${r}x" "(allocated; 200 files, half identical, + a 256 MiB sparse file)"
+verdict "store_bytes" "$r" "<=" 1.0
+
+echo
+[[ $QUICK == 1 ]] && echo "bench-scale: --quick sizes: the bars are indicative only"
+echo "bench-scale: $FAILS bar(s) failed"

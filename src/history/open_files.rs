@@ -1,0 +1,391 @@
+//! Copying files that are open for writing at a checkpoint, so that a view never shows a
+//! content the file never had.
+//!
+//! With kernel passthrough the daemon never sees the writes to an open file: they go from
+//! the caller to SRC's file directly, and continue while a checkpoint holds the epoch lock.
+//! A plain read-loop copy then mixes several writes (issue 10 measured 88 views of 92
+//! mixing 3–4 versions of a file rewritten whole). Two facts make a copy that holds:
+//!
+//! 1. **One direct read is atomic against buffered writes.** ext4 and XFS take the inode's
+//!    I/O lock shared for an `O_DIRECT` read and exclusive for a buffered `write(2)` (which
+//!    is what passthrough writes are on SRC's file), and the direct read first writes back
+//!    and waits for the dirty pages in its range. So reading the whole file with a single
+//!    `pread` on an `O_DIRECT` descriptor returns its content at one moment: between two
+//!    `write` calls, never inside one ([`read_whole_atomically`]). Where `O_DIRECT` is not
+//!    available, or the file is larger than [`MAX_ATOMIC_COPY`], the copy falls back to a
+//!    plain one, logged once.
+//! 2. **A file whose change time has not moved has not been written.** Timestamps are
+//!    multigrain (Linux ≥ 6.13 on ext4, XFS, btrfs, tmpfs): once the change time was read,
+//!    the next write sets a new, distinct one. A write starts by updating the times, so if
+//!    `(size, mtime, ctime)` read before a copy still holds at the checkpoint, no write began
+//!    in between and the copy is the content at the checkpoint.
+//!
+//! A checkpoint therefore copies the files open for writing *before* it takes the epoch lock
+//! ([`History::precopy_open`]), without stalling anyone, and under the lock keeps each copy
+//! whose change key still holds; only files written in between are copied again, under the
+//! lock ([`History::capture_open_files`]). Several such files are copied at the same time,
+//! one thread each, so that their direct reads take the files' locks at nearly one moment: a
+//! program writing them in turn is held at one file while the others are read. Then all
+//! their keys are checked again, and the round is retried (up to [`CONSISTENT_ROUNDS`]
+//! times) until no file changed during it; a writer that never pauses gets the last round,
+//! each file whole, and a warning (logged once).
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use log::{debug, warn};
+
+use super::track::meta_of;
+use super::{History, VersionState};
+use crate::fs::sys;
+use crate::transcript::record::EntryKind;
+
+/// Largest file copied with one direct read (it needs a buffer that size).
+pub const MAX_ATOMIC_COPY: u64 = 512 << 20;
+
+/// How many times the files open for writing are copied again, under the epoch lock, to
+/// get copies of one moment across files.
+pub const CONSISTENT_ROUNDS: usize = 3;
+
+/// Files open for writing copied at the same time (one thread each).
+const MAX_PARALLEL_COPIES: usize = 16;
+
+/// The alignment `O_DIRECT` needs for buffers, offsets and lengths: 4 KiB covers every
+/// logical block size up to the page size.
+const DIRECT_ALIGN: usize = 4096;
+
+/// What changes when a file is written: see fact 2 in the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChangeKey {
+    dev: u64,
+    ino: u64,
+    size: i64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl ChangeKey {
+    fn of(st: &libc::stat) -> ChangeKey {
+        ChangeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+}
+
+/// A copy of a file open for writing, and the change key read before it was made.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenCopy {
+    key: ChangeKey,
+    state: VersionState,
+}
+
+/// Copies made before a checkpoint, by path (see [`History::precopy_open`]).
+pub(crate) type PreCopies = HashMap<String, OpenCopy>;
+
+static PLAIN_COPY_LOGGED: AtomicBool = AtomicBool::new(false);
+static INCONSISTENT_LOGGED: AtomicBool = AtomicBool::new(false);
+
+fn log_once(flag: &AtomicBool, msg: impl FnOnce() -> String) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        warn!("{} (logged once)", msg());
+    }
+}
+
+/// An `O_DIRECT`-aligned heap buffer. RAII: freed on drop.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    /// `len` bytes (a non-zero multiple of [`DIRECT_ALIGN`]), zeroed.
+    fn new(len: usize) -> io::Result<AlignedBuf> {
+        let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        // SAFETY: `layout` has a non-zero size (the callers round up to at least one block).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(ptr)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `layout.size()` initialized (zeroed) bytes that this buffer
+        // owns exclusively for its lifetime.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// The whole content of the regular file behind `fd` (any descriptor of it, O_PATH will do)
+/// as of one moment, read with a single direct read (fact 1 in the module docs). `None` when
+/// that cannot be done here: the filesystem refuses `O_DIRECT`, or the file is larger than
+/// [`MAX_ATOMIC_COPY`].
+pub(crate) fn read_whole_atomically(fd: BorrowedFd<'_>) -> io::Result<Option<Vec<u8>>> {
+    let flags = libc::O_RDONLY | libc::O_DIRECT;
+    let file = match sys::proc_reopen(fd.as_raw_fd(), flags | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::proc_reopen(fd.as_raw_fd(), flags),
+        other => other,
+    };
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The size can grow between the fstat and the read: one spare block shows whether the
+    // read reached the end; if it did not, read again with the new size.
+    for _ in 0..4 {
+        let size = sys::fstat(file.as_fd())?.st_size.max(0) as u64;
+        if size > MAX_ATOMIC_COPY {
+            return Ok(None);
+        }
+        let len = (size as usize).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN;
+        let mut buf = AlignedBuf::new(len)?;
+        let slice = buf.as_mut_slice();
+        let n = loop {
+            // SAFETY: `slice` is valid for `len` writable bytes; the fd is open.
+            let r =
+                unsafe { libc::pread(file.as_raw_fd(), slice.as_mut_ptr().cast(), slice.len(), 0) };
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                // Alignment the device does not accept: no direct read here.
+                Some(libc::EINVAL) => return Ok(None),
+                _ => return Err(e),
+            }
+        };
+        if n < len {
+            return Ok(Some(slice[..n].to_vec()));
+        }
+    }
+    // Growing faster than it can be read: not a moment we can catch.
+    Ok(None)
+}
+
+impl History {
+    /// Copies the files in `paths` (open for writing) now, before the checkpoint takes the
+    /// epoch lock; [`History::capture_open_files`] keeps the copies still current then.
+    /// Failures are left to that second step, which copies again.
+    pub(crate) fn precopy_open(&self, paths: &[Vec<u8>]) -> PreCopies {
+        let mut out = PreCopies::new();
+        for rel in paths.iter().filter_map(|p| super::rel_key(p)) {
+            if self.is_excluded(rel, Some(false)) {
+                continue;
+            }
+            match self.copy_open(rel) {
+                Ok(Some(copy)) => {
+                    out.insert(rel.to_string(), copy);
+                }
+                Ok(None) => {}
+                Err(e) => debug!("pre-copy of {rel} (open for writing): {e}"),
+            }
+        }
+        out
+    }
+
+    /// The state of each of `paths` (files open for writing) at this checkpoint; called with
+    /// the epoch lock held exclusively. See the module docs.
+    pub(crate) fn capture_open_files(
+        &self,
+        paths: &[String],
+        mut pre: PreCopies,
+    ) -> io::Result<Vec<(String, VersionState)>> {
+        let mut copies: Vec<(String, Option<OpenCopy>)> = Vec::with_capacity(paths.len());
+        for rel in paths {
+            let current = self.change_key(rel)?;
+            let kept = match (pre.remove(rel), current) {
+                (Some(c), Some(now)) if c.key == now && self.still_stored(&c.state) => Some(c),
+                _ => None,
+            };
+            copies.push((rel.clone(), kept));
+        }
+        for round in 1..=CONSISTENT_ROUNDS {
+            self.copy_missing(&mut copies)?;
+            // Every copy still current at the same moment, now: they show one moment.
+            let mut stale = 0;
+            for (rel, copy) in copies.iter_mut() {
+                let Some(c) = copy else { continue };
+                if self.change_key(rel)? != Some(c.key) {
+                    stale += 1;
+                    if round < CONSISTENT_ROUNDS {
+                        *copy = None;
+                    }
+                }
+            }
+            if stale == 0 {
+                break;
+            }
+            if round == CONSISTENT_ROUNDS {
+                log_once(&INCONSISTENT_LOGGED, || {
+                    format!(
+                        "checkpoint: {stale} of {} files open for writing kept changing during \
+                         {CONSISTENT_ROUNDS} copy rounds; each copy is whole, but they may show \
+                         slightly different moments",
+                        copies.len()
+                    )
+                });
+            }
+        }
+        copies
+            .into_iter()
+            .map(|(rel, copy)| match copy {
+                Some(c) => Ok((rel, c.state)),
+                // Not a regular file (anymore): recorded like any other path.
+                None => Ok((rel.clone(), self.capture(&rel)?.0)),
+            })
+            .collect()
+    }
+
+    /// Makes the copies that are `None`, all at once: each in its own thread, so that their
+    /// direct reads take their files' locks at nearly the same moment. A writer that writes
+    /// the files in turn is then held at one of them while the others are read, and the
+    /// copies show one moment even when it never pauses.
+    fn copy_missing(&self, copies: &mut [(String, Option<OpenCopy>)]) -> io::Result<()> {
+        let missing: Vec<&mut (String, Option<OpenCopy>)> =
+            copies.iter_mut().filter(|(_, c)| c.is_none()).collect();
+        if missing.len() <= 1 {
+            for (rel, copy) in missing {
+                *copy = self.copy_open(rel)?;
+            }
+            return Ok(());
+        }
+        let mut result: io::Result<()> = Ok(());
+        let mut missing = missing;
+        for batch in missing.chunks_mut(MAX_PARALLEL_COPIES) {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = batch
+                    .iter_mut()
+                    .map(|entry| {
+                        let rel = entry.0.clone();
+                        scope.spawn(move || self.copy_open(&rel))
+                    })
+                    .collect();
+                for (entry, handle) in batch.iter_mut().zip(handles) {
+                    let outcome = handle.join().unwrap_or_else(|_| {
+                        Err(io::Error::other(
+                            "a copy thread of a file open for writing panicked",
+                        ))
+                    });
+                    match outcome {
+                        Ok(copy) => entry.1 = copy,
+                        Err(e) if result.is_ok() => result = Err(e),
+                        Err(_) => {}
+                    }
+                }
+            });
+        }
+        result
+    }
+
+    fn change_key(&self, rel: &str) -> io::Result<Option<ChangeKey>> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok(None);
+        };
+        Ok(Some(ChangeKey::of(&sys::fstat(fd.as_fd())?)))
+    }
+
+    /// A pre-copy's object can have been swept by a gc that ran before the checkpoint.
+    fn still_stored(&self, state: &VersionState) -> bool {
+        match state {
+            VersionState::Present {
+                object: Some(name), ..
+            } => self.store().contains(name),
+            _ => true,
+        }
+    }
+
+    /// A copy of the regular file `rel` as of one moment, with the change key from before
+    /// it; `None` if `rel` is absent or not a regular file.
+    fn copy_open(&self, rel: &str) -> io::Result<Option<OpenCopy>> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok(None);
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        let Some(mut meta) = meta_of(&st) else {
+            return Ok(None);
+        };
+        if meta.kind != EntryKind::File {
+            return Ok(None);
+        }
+        let key = ChangeKey::of(&st);
+        let object = match read_whole_atomically(fd.as_fd())? {
+            Some(data) => {
+                meta.size = data.len() as u64;
+                self.store().put_bytes(&data)?
+            }
+            None => {
+                log_once(&PLAIN_COPY_LOGGED, || {
+                    format!(
+                        "checkpoint: {rel} is open for writing and cannot be read in one direct \
+                         read (no O_DIRECT on SRC's filesystem, or larger than {} MiB); it is \
+                         copied piecewise, so its view can mix writes made during the copy",
+                        MAX_ATOMIC_COPY >> 20
+                    )
+                });
+                let (state, _) = self.capture(rel)?;
+                return Ok(Some(OpenCopy { key, state }));
+            }
+        };
+        Ok(Some(OpenCopy {
+            key,
+            state: VersionState::Present {
+                meta,
+                object: Some(object.name),
+            },
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_direct_read_returns_the_whole_file_at_any_size() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        for size in [0usize, 1, 4095, 4096, 4097, 3 * 4096 + 17, 1 << 20] {
+            let path = dir.path().join(format!("f{size}"));
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+            std::fs::File::create(&path)
+                .unwrap()
+                .write_all(&data)
+                .unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            // /var/tmp is on the root disk (ext4 here and in CI), which has O_DIRECT.
+            let read = read_whole_atomically(f.as_fd())
+                .unwrap()
+                .expect("a direct read on /var/tmp");
+            assert!(read == data, "size {size}: content differs");
+        }
+    }
+
+    #[test]
+    fn the_change_key_moves_with_every_write() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        use std::os::unix::fs::FileExt;
+        for i in 0..1000u32 {
+            let before = ChangeKey::of(&sys::fstat(f.as_fd()).unwrap());
+            f.write_at(&i.to_le_bytes(), 0).unwrap();
+            let after = ChangeKey::of(&sys::fstat(f.as_fd()).unwrap());
+            assert_ne!(before, after, "write {i} left the change key as it was");
+        }
+    }
+}
