@@ -22,6 +22,7 @@ use crate::daemon::{self, DaemonConfig};
 use crate::history::exclusions::{ExcludeFile, ExclusionConfig};
 use crate::history::logdiff::DiffFormat;
 use crate::manuals;
+use crate::mount_options::MountOptions;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILURE: i32 = 1;
@@ -61,6 +62,9 @@ pub const FSTYPE: &str = "fuse.checkpointfs";
 
 /// How long `mount` waits for a detached daemon to report that the mount is live.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `mount` waits for the previous daemon of its state dir to exit once that
+/// daemon's mount is gone (a plain `umount MNT` returns before the daemon has flushed).
+const STATE_RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `umount` waits for the daemon to exit by default.
 const DEFAULT_UMOUNT_TIMEOUT_SECS: u64 = 60;
 
@@ -263,6 +267,14 @@ pub struct MountArgs {
     /// Turn a saved --respect-gitignore off
     #[arg(long, conflicts_with = "respect_gitignore")]
     pub no_respect_gitignore: bool,
+
+    /// Kernel mount options, comma-separated; may be given several times, a later option
+    /// winning: ro, rw, noatime, relatime, strictatime, atime, nodiratime, diratime, dev,
+    /// nodev, suid, nosuid, exec, noexec. Default: rw,nodev,nosuid,exec,atime (atime: access
+    /// times as SRC's own mount updates them). dev, suid, and atime rules other than SRC's
+    /// mount has need root. Checkpoints work on a ro mount; rewind is refused there
+    #[arg(short = 'o', long = "options", value_name = "OPTS")]
+    pub options: Vec<String>,
 
     /// Print one line with the state dir and daemon pid once mounted
     #[arg(short, long)]
@@ -863,11 +875,26 @@ impl std::fmt::Display for MountRefusal {
                 mnt.display()
             ),
             StateNotDir(p) => write!(f, "state dir {} exists and is not a directory", p.display()),
-            StateInUse { state, pid } => write!(
-                f,
-                "state dir {} is in use by a running checkpointfs daemon (pid {pid})",
-                state.display()
-            ),
+            StateInUse { state, pid } => {
+                let mnt = fs::read(state.join(MOUNTPOINT_FILE))
+                    .ok()
+                    .map(|m| {
+                        PathBuf::from(OsString::from_vec(
+                            m.strip_suffix(b"\n").unwrap_or(&m).to_vec(),
+                        ))
+                    })
+                    .unwrap_or_else(|| PathBuf::from("MNT"));
+                write!(
+                    f,
+                    "state dir {} is in use by a running checkpointfs daemon (pid {pid}, \
+                     mounted at {}). One state dir serves one mount. For a second view of \
+                     the files: browse {}/.checkpoint/at/<id>/ (each checkpoint, read-only), \
+                     or mount with another --state-dir (a separate history)",
+                    state.display(),
+                    mnt.display(),
+                    mnt.display()
+                )
+            }
             NoDefaultStateDir => write!(
                 f,
                 "cannot choose a state dir: neither XDG_DATA_HOME nor HOME is set; \
@@ -1275,6 +1302,48 @@ fn recover_own_dead_mount(a: &MountArgs, dead: &Path, env: &Environment) -> Resu
     Ok(())
 }
 
+/// The state dir is held by daemon `pid`. If that daemon's mount is already gone from the
+/// mount table (a plain `umount MNT`, which returns while the daemon still flushes its
+/// history), waits up to `timeout` for the daemon to exit; if it is still mounted, or does
+/// not exit in time, the mount is refused as before.
+fn wait_for_unmounted_daemon(
+    state: &Path,
+    pid: i32,
+    env: &Environment,
+    timeout: Duration,
+) -> Result<(), MountRefusal> {
+    let in_use = || MountRefusal::StateInUse {
+        state: state.to_path_buf(),
+        pid,
+    };
+    let recorded = fs::read(state.join(MOUNTPOINT_FILE)).map_err(|_| in_use())?;
+    let mountpoint = Path::new(OsStr::from_bytes(
+        recorded.strip_suffix(b"\n").unwrap_or(&recorded),
+    ));
+    let still_mounted = parse_mountinfo(&env.mountinfo)
+        .iter()
+        .any(|m| m.mount_point == mountpoint && is_checkpointfs_mount(m));
+    if still_mounted {
+        return Err(in_use());
+    }
+    // Opened before the check below: a pid that exits and is reused after it cannot fool us.
+    let pidfd = pidfd_open(pid);
+    if !is_checkpointfs_process(pid) {
+        return Ok(());
+    }
+    eprintln!(
+        "checkpointfs: the previous daemon of {} (pid {pid}) is unmounted but still writing its \
+         history; waiting for it to exit (up to {} s)",
+        state.display(),
+        timeout.as_secs()
+    );
+    if wait_for_exit(pid, pidfd.as_ref(), timeout) {
+        Ok(())
+    } else {
+        Err(in_use())
+    }
+}
+
 /// The environment `mount` validates against (it includes a snapshot of the mount table).
 fn mount_environment() -> Result<Environment, i32> {
     Environment::current().map_err(|e| {
@@ -1286,8 +1355,22 @@ fn mount_environment() -> Result<Environment, i32> {
     })
 }
 
+/// Validates again against a fresh look at the mount table, after `mount` changed it or
+/// waited for it to change.
+fn revalidate(a: &MountArgs) -> Result<ValidatedPaths, i32> {
+    let env = mount_environment()?;
+    validate_mount(&a.src, &a.mnt, a.state_dir.as_deref(), &env).map_err(|r| refuse(&r))
+}
+
 fn mount(a: MountArgs) -> i32 {
-    let mut env = match mount_environment() {
+    let options = match MountOptions::parse(&a.options) {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("checkpointfs: cannot mount: {msg}");
+            return EXIT_USAGE;
+        }
+    };
+    let env = match mount_environment() {
         Ok(env) => env,
         Err(code) => return code,
     };
@@ -1303,17 +1386,42 @@ fn mount(a: MountArgs) -> i32 {
                 return EXIT_USAGE;
             }
             // The mount table changed: validate against the new one.
-            env = match mount_environment() {
-                Ok(env) => env,
-                Err(code) => return code,
-            };
-            match validate_mount(&a.src, &a.mnt, a.state_dir.as_deref(), &env) {
+            match revalidate(&a) {
                 Ok(p) => p,
-                Err(r) => return refuse(&r),
+                Err(code) => return code,
+            }
+        }
+        Err(MountRefusal::StateInUse { state, pid }) => {
+            if let Err(r) = wait_for_unmounted_daemon(&state, pid, &env, STATE_RELEASE_TIMEOUT) {
+                return refuse(&r);
+            }
+            match revalidate(&a) {
+                Ok(p) => p,
+                Err(code) => return code,
             }
         }
         Err(r) => return refuse(&r),
     };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let refusal = crate::mount_options::statvfs_flags(&paths.source)
+            .map(|flags| options.refusal_without_privilege(flags));
+        match refusal {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                eprintln!("checkpointfs: cannot mount: {why}");
+                return EXIT_USAGE;
+            }
+            Err(e) => {
+                eprintln!(
+                    "checkpointfs: cannot mount: statvfs {}: {}",
+                    paths.source.display(),
+                    io_error_text(&e)
+                );
+                return EXIT_FAILURE;
+            }
+        }
+    }
     if !paths.state_dir_exists
         && let Err(e) = fs::DirBuilder::new()
             .recursive(true)
@@ -1347,6 +1455,7 @@ fn mount(a: MountArgs) -> i32 {
         passthrough: !a.no_passthrough,
         allow_other: a.allow_other,
         exclusions,
+        options,
     };
     if a.foreground {
         run_foreground(cfg)

@@ -61,6 +61,9 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             return EXIT_USAGE;
         }
         Err(e) if crate::cli::endpoint_gone(&e) => return gone(),
+        // A read-only mount (`-o ro`, or remounted ro): the kernel refuses to open ctl for
+        // writing, but checkpoints change only the state dir, so ask the daemon directly.
+        Err(e) if errno(&e) == libc::EROFS => return checkpoint_over_socket(mnt, id),
         Err(e) => {
             eprintln!("checkpointfs: cannot open {shown}/{CTL_FILE}: {e}");
             return EXIT_FAILURE;
@@ -103,6 +106,15 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             EXIT_FAILURE
         }
     }
+}
+
+/// `checkpoint` on a read-only mount: the same request over the control socket.
+fn checkpoint_over_socket(mnt: &Path, id: &str) -> i32 {
+    let state_dir = match state_dir_of_mount(mnt) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    ask_daemon(&state_dir, &Request::Checkpoint { id: id.to_string() })
 }
 
 /// The state dir of the mount at `mnt`, from its virtual `.checkpoint/state-dir` file.
@@ -168,7 +180,12 @@ fn daemon_answer(state_dir: &Path, req: &Request) -> Result<String, i32> {
         Ok(resp) if resp.ok => Ok(resp.output),
         Ok(resp) => {
             eprintln!("checkpointfs: {}", resp.error);
-            Err(EXIT_FAILURE)
+            // Refused on a read-only mount: nothing was done.
+            Err(if resp.errno == Some(libc::EROFS) {
+                EXIT_USAGE
+            } else {
+                EXIT_FAILURE
+            })
         }
         Err(e) => {
             eprintln!("checkpointfs: {e}");
@@ -237,6 +254,7 @@ fn report(
         }
     };
     let history = match open_history_readonly(HistoryConfig {
+        root: None,
         source,
         state_dir: state_dir.clone(),
         exclusions,

@@ -165,7 +165,10 @@ impl Response {
         Response {
             ok: false,
             error: e.to_string(),
-            errno: e.raw_os_error(),
+            // A refusal on a read-only mount carries EROFS for the client's exit status.
+            errno: e
+                .raw_os_error()
+                .or((e.kind() == io::ErrorKind::ReadOnlyFilesystem).then_some(libc::EROFS)),
             protocol: PROTOCOL,
             ..Default::default()
         }
@@ -295,7 +298,18 @@ fn serve_connection(
     (&stream).write_all(&out)
 }
 
-/// A rewind, streaming `rewind: DONE/TOTAL paths` lines when `wanted`.
+/// Whether the mount is read-only now (`-o ro`, or remounted ro since); from the mount
+/// table, since the kernel does not tell the daemon about a remount.
+fn mounted_read_only(fs: &PassthroughFs) -> bool {
+    let (mountpoint, options) = fs.mount_info();
+    match std::fs::read("/proc/self/mountinfo") {
+        Ok(info) => crate::mount_options::mounted_read_only(&info, mountpoint),
+        Err(_) => options.read_only,
+    }
+}
+
+/// A rewind, streaming `rewind: DONE/TOTAL paths` lines when `wanted`. Refused on a
+/// read-only mount (a dry run is not: it changes nothing).
 fn rewind_request(
     fs: &PassthroughFs,
     id: &str,
@@ -303,6 +317,17 @@ fn rewind_request(
     wanted: bool,
     progress: &mut dyn FnMut(String, bool),
 ) -> io::Result<String> {
+    if !opts.dry_run && mounted_read_only(fs) {
+        let mnt = fs.mount_info().0.display();
+        return Err(io::Error::new(
+            io::ErrorKind::ReadOnlyFilesystem,
+            format!(
+                "cannot rewind {mnt}: it is mounted read-only, and a rewind changes its files; \
+                 remount it read-write first (mount -o remount,rw {mnt}), or mount it without \
+                 -o ro (--dry-run shows what a rewind would change)"
+            ),
+        ));
+    }
     let mut step = |done: usize, total: usize| {
         if wanted {
             progress(format!("rewind: {done}/{total} paths"), done == total);
@@ -408,6 +433,8 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
                     passthrough_off_reason: fs.passthrough_off_reason().map(str::to_string),
                     // SAFETY: geteuid has no preconditions.
                     daemon_uid: unsafe { libc::geteuid() },
+                    mount_options: fs.mount_info().1.to_list(),
+                    read_only: mounted_read_only(fs),
                 });
                 report.render(json)
             }),

@@ -12,10 +12,11 @@ pub struct DaemonConfig {
     pub passthrough: bool,
     pub allow_other: bool,
     pub exclusions: crate::history::exclusions::ExclusionConfig,
+    pub options: crate::mount_options::MountOptions,
 }
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
@@ -45,7 +46,19 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         format!("{}\n", cfg.source.display()),
     )?;
 
-    let root = open_dir_path(&cfg.source)?;
+    let (root, atime_change) = crate::mount_options::open_source_root(&cfg.source, &cfg.options)?;
+    info!(
+        "mount options: {}{}",
+        cfg.options.to_list(),
+        match atime_change {
+            Some(c) => format!(
+                " (SRC opened from a private clone of its mount with mount attributes set \
+                 {:#x}, cleared {:#x}: store reflinks from it fall back to copies)",
+                c.attr_set, c.attr_clr
+            ),
+            None => String::new(),
+        }
+    );
     if cfg
         .source
         .join(std::ffi::OsStr::from_bytes(CONTROL_DIR_NAME))
@@ -59,6 +72,9 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     }
     let history = open_history(HistoryConfig {
         source: cfg.source.clone(),
+        // The history reads SRC (backups) beneath the same root, so under the same atime
+        // rules as the requests.
+        root: Some(root.try_clone()?),
         state_dir: cfg.state_dir.clone(),
         exclusions: cfg.exclusions.clone(),
     })?;
@@ -93,6 +109,8 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         FsConfig {
             passthrough: cfg.passthrough,
             state_dir: cfg.state_dir.clone(),
+            mountpoint: cfg.mountpoint.clone(),
+            options: cfg.options,
         },
     )?);
     let control = crate::control::start_server(fs.clone(), &cfg)?;
@@ -113,7 +131,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let dev = if unsafe { libc::geteuid() } == 0 {
         mount_fuse(&cfg)?
     } else {
-        crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other)?
+        crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other, &cfg.options)?
     };
     let session = Session::from_fd(adapter, dev, acl, options)?;
     info!(
@@ -155,7 +173,8 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
 }
 
 /// Opens /dev/fuse and mounts it at the mount point as `fuse.checkpointfs`, with
-/// `default_permissions` (the kernel checks permissions as on the underlying filesystem).
+/// `default_permissions` (the kernel checks permissions as on the underlying filesystem)
+/// and the flags of `cfg.options` (ro, nodev, nosuid, noexec, atime).
 fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::OpenOptions::new()
@@ -186,7 +205,7 @@ fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
             source.as_ptr(),
             target.as_ptr(),
             fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
+            cfg.options.ms_flags(),
             data.as_ptr().cast(),
         )
     };
@@ -198,23 +217,6 @@ fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
         ));
     }
     Ok(dev)
-}
-
-fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid C string; the fd is owned below.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn block_termination_signals() -> io::Result<libc::sigset_t> {

@@ -16,6 +16,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::mount_options::MountOptions;
+
 /// The helper's name, looked up on PATH; `FUSERMOUNT_PATH` overrides it, as for libfuse.
 fn helper() -> std::ffi::OsString {
     std::env::var_os("FUSERMOUNT_PATH").unwrap_or_else(|| "fusermount3".into())
@@ -36,7 +38,7 @@ fn escape_option(value: &str) -> String {
 
 /// The `-o` list for a mount of `source`: named `fuse.checkpointfs` in /proc/mounts like a
 /// mount made as root, permissions checked by the kernel.
-fn options(source: &Path, allow_other: bool) -> String {
+fn options(source: &Path, allow_other: bool, mount: &MountOptions) -> String {
     let mut opts = format!(
         "fsname={},subtype=checkpointfs,default_permissions",
         escape_option(&source.to_string_lossy())
@@ -44,17 +46,26 @@ fn options(source: &Path, allow_other: bool) -> String {
     if allow_other {
         opts.push_str(",allow_other");
     }
+    for o in mount.fusermount_options() {
+        opts.push(',');
+        opts.push_str(o);
+    }
     opts
 }
 
 /// Mounts through fusermount3 and returns the open `/dev/fuse` for the session.
-pub fn mount(source: &Path, mountpoint: &Path, allow_other: bool) -> io::Result<OwnedFd> {
+pub fn mount(
+    source: &Path,
+    mountpoint: &Path,
+    allow_other: bool,
+    mount_options: &MountOptions,
+) -> io::Result<OwnedFd> {
     check_device_access()?;
     let (ours, theirs) = socketpair()?;
     let theirs_raw = theirs.as_raw_fd();
     let mut cmd = Command::new(helper());
     cmd.arg("-o")
-        .arg(options(source, allow_other))
+        .arg(options(source, allow_other, mount_options))
         .arg("--")
         .arg(mountpoint)
         .env("_FUSE_COMMFD", theirs_raw.to_string())
@@ -217,10 +228,13 @@ mod tests {
 
     #[test]
     fn commas_and_backslashes_in_the_source_are_escaped() {
+        let d = MountOptions::default();
         assert_eq!(
-            options(Path::new("/home/a,b\\c"), false),
-            "fsname=/home/a\\,b\\\\c,subtype=checkpointfs,default_permissions"
+            options(Path::new("/home/a,b\\c"), false, &d),
+            "fsname=/home/a\\,b\\\\c,subtype=checkpointfs,default_permissions,rw,nodev,nosuid,exec"
         );
-        assert!(options(Path::new("/p"), true).ends_with(",allow_other"));
+        assert!(options(Path::new("/p"), true, &d).contains(",allow_other,"));
+        let ro = MountOptions::parse(&["ro,noexec"]).unwrap();
+        assert!(options(Path::new("/p"), false, &ro).ends_with(",ro,nodev,nosuid,noexec"));
     }
 }

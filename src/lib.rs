@@ -11,7 +11,8 @@
 //! - [`daemon`]: wiring for one mount (session, signals, shutdown); [`watchdog`]: the
 //!   process that aborts the mount's FUSE connection when the daemon dies or stays stopped.
 //! - [`cli`]: the command line; [`manuals`]: its completion scripts and man pages.
-//! - [`settings`]: mount settings kept in the state dir (exclusions).
+//! - [`settings`]: mount settings kept in the state dir (exclusions); [`mount_options`]: the
+//!   kernel mount options (`-o ro,noexec,noatime,...`).
 // Every unsafe block states the invariant that makes it sound.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -26,6 +27,7 @@ pub mod history;
 pub mod ids;
 pub mod install_hook;
 pub mod manuals;
+pub mod mount_options;
 pub mod settings;
 pub mod state_lock;
 pub mod transcript;

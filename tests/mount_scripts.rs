@@ -704,14 +704,33 @@ fn mount_helper_translates_options() {
     assert_eq!(
         stdout(&out),
         format!(
-            "{BIN} mount /p/src /p/mnt --state-dir /var/lib/checkpointfs/p --exclude target --exclude \\*.o --allow-other --no-passthrough --threads 3\n"
+            "{BIN} mount /p/src /p/mnt --state-dir /var/lib/checkpointfs/p --exclude target --exclude \\*.o --allow-other --no-passthrough --threads 3 -o rw\n"
         )
+    );
+    // Kernel options become one `-o` list, in order (the binary lets a later one win).
+    let out = dry_run("ro,state_dir=/s,noatime,nodev,dev,suid,noexec,strictatime,nodiratime,rw");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!(
+            "{BIN} mount /p/src /p/mnt --state-dir /s -o ro\\,noatime\\,nodev\\,dev\\,suid\\,noexec\\,strictatime\\,nodiratime\\,rw\n"
+        )
+    );
+    // A remount (as mount(8) runs it: the mount's current options merged with the new ones)
+    // changes only the kernel flags, with `mount -i`; FUSE's and our options are ignored.
+    let out = dry_run(
+        "ro,nosuid,nodev,noexec,relatime,remount,user_id=0,group_id=0,default_permissions,state_dir=/s",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "mount -i -o remount\\,ro\\,nosuid\\,nodev\\,noexec\\,relatime /p/mnt\n"
     );
     for (opts, msg) in [
         ("state_dir=/s,bogus", "unknown option 'bogus'"),
-        ("ro", "option 'ro' is not supported"),
+        ("sync", "option 'sync' is not supported"),
         ("state_dir=", "needs a value"),
-        ("noexec", "unknown option 'noexec'"),
+        ("noexec,user_id=0", "unknown option 'user_id=0'"),
     ] {
         let out = dry_run(opts);
         assert_eq!(out.status.code(), Some(1), "{opts}");

@@ -40,6 +40,10 @@ pub const TTL: Duration = Duration::from_secs(86400);
 pub struct FsConfig {
     pub passthrough: bool,
     pub state_dir: std::path::PathBuf,
+    pub mountpoint: std::path::PathBuf,
+    /// The kernel mount options the mount was made with (a later `mount -o remount` may
+    /// have changed ro/rw since: see [`crate::mount_options::mounted_read_only`]).
+    pub options: crate::mount_options::MountOptions,
 }
 
 /// A looked-up entry: the kernel adds one lookup for every `Entry` it receives.
@@ -100,6 +104,8 @@ pub struct PassthroughFs {
     passthrough: AtomicBool,
     /// Why kernel passthrough is off; set once, when it goes off (or at start).
     passthrough_off: std::sync::OnceLock<String>,
+    mountpoint: std::path::PathBuf,
+    mount_options: crate::mount_options::MountOptions,
 }
 
 /// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
@@ -153,7 +159,14 @@ impl PassthroughFs {
             virt: virt::VirtualTree::new(cfg.state_dir),
             passthrough: AtomicBool::new(passthrough),
             passthrough_off,
+            mountpoint: cfg.mountpoint,
+            mount_options: cfg.options,
         })
+    }
+
+    /// The mount point and the options the mount was made with.
+    pub fn mount_info(&self) -> (&std::path::Path, &crate::mount_options::MountOptions) {
+        (&self.mountpoint, &self.mount_options)
     }
 
     /// Why kernel passthrough is off, or `None` while it is on.

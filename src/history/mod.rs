@@ -253,6 +253,9 @@ pub fn split_parent(rel: &str) -> (&str, &str) {
 
 pub struct HistoryConfig {
     pub source: PathBuf,
+    /// SRC's root already opened (O_PATH), e.g. the daemon's from a private clone of SRC's
+    /// mount with other atime rules; `None`: open `source`.
+    pub root: Option<std::os::fd::OwnedFd>,
     pub state_dir: PathBuf,
     pub exclusions: ExclusionConfig,
 }
@@ -391,6 +394,7 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
     std::str::from_utf8(rel).ok()
 }
 
+pub(crate) use track::open_source;
 pub use track::{open_history, open_history_readonly};
 
 #[cfg(test)]

@@ -44,6 +44,10 @@ pub struct IoMode {
     pub passthrough_off_reason: Option<String>,
     /// The uid the daemon runs as (0: mounted with mount(2); else through fusermount3).
     pub daemon_uid: u32,
+    /// The kernel mount options the mount was made with (`-o`), every setting spelled out.
+    pub mount_options: String,
+    /// The mount is read-only now: `-o ro`, or a later `mount -o remount,ro`.
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -358,6 +362,12 @@ impl StatusReport {
                 format!("uid {} (fusermount3)", io.daemon_uid)
             };
             let _ = writeln!(out, "mounted by:     {mounted_by}");
+            let now = match (io.read_only, io.mount_options.starts_with("ro,")) {
+                (true, false) => " (read-only now: remounted ro)",
+                (false, true) => " (read-write now: remounted rw)",
+                _ => "",
+            };
+            let _ = writeln!(out, "mount options:  {}{now}", io.mount_options);
         }
         self.exclusions_text(&mut out);
         out

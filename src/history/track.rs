@@ -25,7 +25,7 @@ fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
 }
 
-fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
     let src_c = CString::new(source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
     // SAFETY: valid C string; the fd is owned below.
     let raw = unsafe {
@@ -126,8 +126,11 @@ fn assemble(
 
 /// Opens the history in `cfg.state_dir` for a daemon: replays the transcript and the store
 /// journal, then starts recording.
-pub fn open_history(cfg: HistoryConfig) -> io::Result<Arc<History>> {
-    let source_fd = open_source(&cfg.source)?;
+pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
+    let source_fd = match cfg.root.take() {
+        Some(fd) => fd,
+        None => open_source(&cfg.source)?,
+    };
     // The daemon holds the state lock, so no gc is writing one of these right now.
     super::gc::remove_stale_rewrites(&cfg.state_dir)?;
     let store = Store::open(&cfg.state_dir.join("backups"))?;
