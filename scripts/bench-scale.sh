@@ -76,6 +76,11 @@ print(f"{time.perf_counter() - t:.3f}")
 PY
 }
 transcript_bytes() { stat -c %s "$1/transcript.jsonl"; }
+# Waits until the background copier has filled every pending version (a checkpoint right
+# after creating N files leaves N to copy; unmounting would wait for them).
+settle() {
+    while ! "$BIN" status "$MNT" | grep -q '^pending copies: 0$'; do sleep 0.5; done
+}
 fresh() { # fresh NAME: a new SRC and state dir, mounted at $MNT
     SRC=$W/$1-src STATE=$W/$1-state
     mkdir -p "$SRC"
@@ -116,10 +121,12 @@ for n in $SIZES; do
     fresh "t$n"
     python3 -c "$populate" "$MNT" "$n"
     echo "base" > "$MNT/.checkpoint/ctl"
+    settle
     "$BIN" umount "$MNT"
     before=$(transcript_bytes "$STATE")
     "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE"
     read -r med p90 < <(python3 -c "$checkpoints" "$MNT" "$n" 50 c)
+    settle
     "$BIN" umount "$MNT"
     per=$(( ($(transcript_bytes "$STATE") - before) / 50 ))
     row "transcript_per_checkpoint_$n" "$per B" "20000 B" "$(awk -v a="$per" 'BEGIN { printf "%.2fx", a / 20000 }')" "(incl. the 5 Layer 1 records)"
@@ -134,6 +141,7 @@ echo "== a long session: $LONG_CHECKPOINTS checkpoints at 10k tracked paths"
 fresh long
 python3 -c "$populate" "$MNT" 10000
 python3 -c "$checkpoints" "$MNT" 10000 "$LONG_CHECKPOINTS" s >/dev/null
+settle
 "$BIN" umount "$MNT"
 tbytes=$(transcript_bytes "$STATE")
 mount_s=$(secs "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE")

@@ -6,7 +6,7 @@ export LC_ALL=C
 usage() {
     cat <<'EOF'
 usage: scripts/bench.sh [--quick] [--strict] [--runs N] [--native-only] [--no-np]
-                        [--bin PATH] [--out DIR] [--help]
+                        [--no-agent] [--bin PATH] [--out DIR] [--help]
 
 Runs scripts/fsbench.sh (the maintainers' harness: fio sequential 1 GiB write/read,
 4 KiB random write/read, 10,000 small files create/stat/read/delete, git add+commit and
@@ -20,6 +20,11 @@ PASS/FAIL against the bars:
   seq_write_1g, seq_read_1g   >= 0.9x native throughput (passthrough mode)
   small_create/stat/read/delete  <= 4x native time
   git_commit_5k               <= 3x native time
+  aw_total                    <= 1.10x native time
+Each round also runs ../shared/bench/agent-workloads.sh (what an agent does in a real
+repository: clone, checkouts across ~60 tags, cargo check, npm ci, venv, cold grep, gc, rm
+of the dependency trees) natively and through the mount with AW_CTL set (a checkpoint after
+every step); its steps appear as aw_<step>, their sum (checkpoints included) as aw_total.
 
 Options:
   --quick        smoke run: 128 MiB seq, 64 MiB/3 s random, 2,000 small files,
@@ -30,6 +35,7 @@ Options:
                  per-workload medians (default 1; 3 recommended on a noisy machine)
   --native-only  only the native run (no binary needed)
   --no-np        skip the --no-passthrough sequential run
+  --no-agent     skip agent-workloads.sh (it takes minutes per run)
   --bin PATH     checkpointfs binary (default $CHECKPOINTFS_BIN or target/release/checkpointfs)
   --out DIR      results dir (default target/bench-results/TIMESTAMP): per round
                  native.R.txt, mount.R.txt, mount-np.R.txt; medians native.txt, mount.txt,
@@ -46,13 +52,14 @@ CPFS_WHO=bench
 # shellcheck source=lib/mounts.sh
 source "$ROOT/scripts/lib/mounts.sh"
 
-QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 BIN= OUT= RUNS=1
+QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 AGENT=1 BIN= OUT= RUNS=1
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
         --strict) STRICT=1 ;;
         --native-only) NATIVE_ONLY=1 ;;
         --no-np) NP=0 ;;
+        --no-agent) AGENT=0 ;;
         --runs) RUNS=${2:?--runs needs a number}; shift ;;
         --bin) BIN=${2:?--bin needs a path}; shift ;;
         --out) OUT=${2:?--out needs a dir}; shift ;;
@@ -116,6 +123,21 @@ echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -
 # own 10,000-file tree and mount); nothing to add inside the fsbench rounds.
 checkpoint_benchmarks() { :; }   # checkpoint_benchmarks MNT OUTFILE
 
+# agent-workloads.sh DIR [CTL] >> OUTFILE as aw_<step> lines plus aw_total.
+AW=$ROOT/../shared/bench/agent-workloads.sh
+if [[ $AGENT == 1 && ! -x $AW && ! -f $AW ]]; then
+    echo "bench: $AW not found: agent workloads skipped" >&2
+    AGENT=0
+fi
+agent_workloads() {   # agent_workloads DIR OUTFILE [CTL]
+    [[ $AGENT == 1 ]] || return 0
+    local raw=$OUT/aw.raw
+    settle
+    AW_CTL=${3:-} cpfs_run bash "$AW" "$1" > "$raw" || die "agent-workloads.sh failed in $1"
+    awk '$3 == "s" { print "aw_" $1, $2, "s"; t += $2 } END { printf "aw_total %.3f s\n", t }' \
+        "$raw" >> "$2"
+}
+
 # Same fio jobs as fsbench.sh's seq_write_1g / seq_read_1g, for the --no-passthrough mount.
 np_seq() {   # np_seq DIR OUTFILE
     local npw j=$OUT/np-fio.json
@@ -145,6 +167,7 @@ native_round() {   # native_round R TAG
     echo "bench: native run in $SRC$2"
     settle
     cpfs_run "$FSBENCH" "$SRC" "$OUT/native.$1.txt"
+    agent_workloads "$SRC" "$OUT/native.$1.txt"
 }
 mount_round() {    # mount_round R TAG
     # A fresh state dir per round keeps the rounds independent.
@@ -153,6 +176,7 @@ mount_round() {    # mount_round R TAG
     settle
     cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.$1.txt"
     checkpoint_benchmarks "$MNT" "$OUT/checkpoint.$1.txt"
+    agent_workloads "$MNT" "$OUT/mount.$1.txt" "$MNT/.checkpoint/ctl"
     cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
 }
 for ((r = 1; r <= RUNS; r++)); do
@@ -211,7 +235,7 @@ awk -v QUICK="$QUICK" -v TXT="$OUT/table.txt" -v MD="$OUT/table.md" -v VERDICT="
         bar["seq_write_1g"] = ">=0.9"; bar["seq_read_1g"] = ">=0.9"
         bar["small_create"] = "<=4"; bar["small_stat"] = "<=4"
         bar["small_read"] = "<=4";   bar["small_delete"] = "<=4"
-        bar["git_commit_5k"] = "<=3"
+        bar["git_commit_5k"] = "<=3"; bar["aw_total"] = "<=1.10"
         hdr = sprintf("%-16s %-5s %10s %10s %7s %10s %7s %7s  %s", "workload", "unit", "native", \
             "mount", "ratio", "mount-np", "ratio", "bar", "verdict")
         print hdr > TXT; print hdr
