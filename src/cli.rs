@@ -1435,6 +1435,10 @@ fn mount(a: MountArgs) -> i32 {
         );
         return EXIT_FAILURE;
     }
+    if let Err(e) = crate::state_dir::secure(&paths.state_dir) {
+        eprintln!("checkpointfs: cannot mount: {}", io_error_text(&e));
+        return EXIT_FAILURE;
+    }
     let exclusions = match crate::settings::load(&paths.state_dir)
         .and_then(|saved| exclusions_for_mount(&a, saved.map(|s| s.exclusions)))
     {
@@ -1471,7 +1475,7 @@ fn write_state_file(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(&tmp)?;
     f.write_all(contents)?;
     f.sync_all()?;

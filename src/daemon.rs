@@ -41,9 +41,10 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // applied a second time.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    std::fs::write(
-        cfg.state_dir.join("source"),
-        format!("{}\n", cfg.source.display()),
+    crate::state_dir::secure(&cfg.state_dir)?;
+    write_private(
+        &cfg.state_dir.join("source"),
+        format!("{}\n", cfg.source.display()).as_bytes(),
     )?;
 
     let (root, atime_change) = crate::mount_options::open_source_root(&cfg.source, &cfg.options)?;
@@ -274,4 +275,17 @@ fn lazy_unmount(mountpoint: &std::path::Path) -> io::Result<()> {
             .map(|_| ()),
         _ => Err(e),
     }
+}
+
+/// Writes `contents` to `path` (created 0600: see crate::state_dir), replacing what was there.
+fn write_private(path: &std::path::Path, contents: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents)
 }

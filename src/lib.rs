@@ -29,6 +29,7 @@ pub mod install_hook;
 pub mod manuals;
 pub mod mount_options;
 pub mod settings;
+pub mod state_dir;
 pub mod state_lock;
 pub mod transcript;
 pub mod watchdog;

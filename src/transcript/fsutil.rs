@@ -1,7 +1,7 @@
 //! Small file helpers shared by the writer, the journal and replay.
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Opens `path` for reading and appending (`O_APPEND`), creating it if missing.
@@ -12,7 +12,8 @@ use std::path::Path;
 pub(crate) fn open_append(path: &Path) -> io::Result<File> {
     let open = |create_new: bool| {
         let mut options = OpenOptions::new();
-        options.read(true).append(true);
+        // Only the owner may read or change the history (see crate::state_dir).
+        options.read(true).append(true).mode(0o600);
         if create_new {
             options.create_new(true);
         }

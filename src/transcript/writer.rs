@@ -30,6 +30,7 @@
 //! a torn line).
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -531,11 +532,14 @@ fn replace(path: &Path, records: &[Record]) -> io::Result<Replaced> {
         .read(true)
         .append(true)
         .create_new(true)
+        .mode(0o600)
         .open(&tmp)
         .map_err(|e| fsutil::with_path(&tmp, "creating", e))?;
     let written = (|| -> io::Result<u64> {
         if let Ok(meta) = fs::metadata(path) {
-            file.set_permissions(meta.permissions())?;
+            // The old file's bits, but never more than the owner's (see crate::state_dir).
+            let mode = meta.permissions().mode() & 0o600;
+            file.set_permissions(fs::Permissions::from_mode(mode))?;
         }
         let mut w = BufWriter::with_capacity(1 << 20, &file);
         for record in records {
