@@ -18,18 +18,23 @@ fn errno_of(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
-#[test]
-fn an_unknown_option_is_refused_and_nothing_is_mounted() {
-    let m = TestMount::unmounted(&[]);
-    let out = cli(&[
+/// `mount SRC MNT --state-dir STATE -o OPTS` for `m`.
+fn mount_args<'a>(m: &'a TestMount, opts: &'a str) -> Vec<&'a std::ffi::OsStr> {
+    vec![
         "mount".as_ref(),
         m.src.as_os_str(),
         m.mnt.as_os_str(),
         "--state-dir".as_ref(),
         m.state.as_os_str(),
         "-o".as_ref(),
-        "ro,bogus".as_ref(),
-    ]);
+        opts.as_ref(),
+    ]
+}
+
+#[test]
+fn an_unknown_option_is_refused_and_nothing_is_mounted() {
+    let m = TestMount::unmounted(&[]);
+    let out = cli(&mount_args(&m, "ro,bogus"));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("unknown mount option 'bogus'"), "{err}");
@@ -121,23 +126,18 @@ fn device_nodes_open_only_with_dev() {
 }
 
 /// The effective uid a setuid-root copy of `id` reports when a normal user runs it from MNT.
-fn euid_of_setuid_id(m: &TestMount, user: (u32, u32)) -> String {
+/// `command...` as `user` (uid, gid; no supplementary groups), from `/`.
+fn as_user<S: AsRef<std::ffi::OsStr>>(user: (u32, u32), command: &[S]) -> std::process::Output {
     let (u, g) = (user.0.to_string(), user.1.to_string());
-    let prog = m.mnt.join("id");
-    let out = run(
-        "setpriv",
-        &[
-            "--reuid",
-            &u,
-            "--regid",
-            &g,
-            "--clear-groups",
-            "--",
-            prog.to_str().unwrap(),
-            "-u",
-        ],
-        Path::new("/"),
-    );
+    let flags = ["--reuid", &u, "--regid", &g, "--clear-groups", "--"];
+    let mut args: Vec<&std::ffi::OsStr> = flags.iter().map(|a| a.as_ref()).collect();
+    args.extend(command.iter().map(|c| c.as_ref()));
+    run("setpriv", &args, Path::new("/"))
+}
+
+/// The effective uid a setuid-root copy of `id` reports when a normal user runs it from MNT.
+fn euid_of_setuid_id(m: &TestMount, user: (u32, u32)) -> String {
+    let out = as_user(user, &[m.mnt.join("id").as_os_str(), "-u".as_ref()]);
     assert!(out.status.success(), "{}", stderr(&out));
     stdout(&out).trim().to_string()
 }
@@ -370,4 +370,51 @@ fn remount_ro_and_back_rw_through_mount_8() {
     fs::write(m.mnt.join("f"), "two\n").unwrap();
     rewind(&m, "c1", &[]);
     assert_eq!(fs::read_to_string(m.src.join("f")).unwrap(), "one\n");
+}
+
+#[test]
+fn a_normal_user_mounts_ro_noexec_and_is_refused_what_needs_root() {
+    let (uid, gid) = test_user("cpfs-test-opts");
+    let mut m = TestMount::unmounted(&["-o", "ro,noexec"]);
+    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    write_script(&m.src.join("s.sh"));
+    for p in [&m.src, &m.mnt, &m.state, &m.src.join("s.sh")] {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+    }
+    for opts in ["dev", "suid", "strictatime", "nodiratime"] {
+        let mut command = vec![BIN.as_ref()];
+        command.extend(mount_args(&m, opts));
+        let out = as_user((uid, gid), &command);
+        assert_eq!(out.status.code(), Some(2), "-o {opts}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(&format!("-o {opts} needs root")), "{err}");
+        assert!(!is_mount_point(&m.mnt));
+        assert!(!m.state.join("daemon.pid").exists(), "-o {opts}: no daemon");
+    }
+    // ro and noexec reach the mount through fusermount3 (only the user may enter it).
+    m.mount_as(uid, gid);
+    let sh = |script: &str| as_user((uid, gid), &["sh", "-c", script]);
+    let f = m.mnt.join("s.sh");
+    let f = f.to_str().unwrap();
+    let out = sh(&format!(
+        "cat {f} && {{ echo x > {f}; echo \"write: $?\"; }}"
+    ));
+    assert!(stdout(&out).starts_with("#!/bin/sh\n"), "{}", stderr(&out));
+    assert!(stdout(&out).ends_with("write: 2\n"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("Read-only file system"),
+        "{}",
+        stderr(&out)
+    );
+    let out = sh(f);
+    assert!(
+        !out.status.success() && stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    let status = cli_ok(&["status", "--state-dir", m.state.to_str().unwrap()]);
+    assert!(
+        status.contains("mount options:  ro,nodev,nosuid,noexec,atime"),
+        "{status}"
+    );
 }
