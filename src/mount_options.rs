@@ -207,14 +207,15 @@ impl MountOptions {
         if self.setuid {
             refused.push("suid");
         }
-        if self.atime_change(src_flags).is_some() {
-            refused.push(match self.atime {
-                Atime::Never => "noatime",
-                Atime::Relative => "relatime",
-                Atime::Strict => "strictatime",
-                Atime::Source => "nodiratime",
-            });
-            if self.no_diratime && self.atime != Atime::Source {
+        if let Some(change) = self.atime_change(src_flags) {
+            if change.attr_clr & libc::MOUNT_ATTR__ATIME != 0 {
+                refused.push(match self.atime {
+                    Atime::Never => "noatime",
+                    Atime::Strict => "strictatime",
+                    _ => "relatime",
+                });
+            }
+            if change.attr_set & libc::MOUNT_ATTR_NODIRATIME != 0 {
                 refused.push("nodiratime");
             }
         }
@@ -458,5 +459,11 @@ mod tests {
         let e = why("strictatime,nodiratime").unwrap();
         assert!(e.starts_with("-o strictatime,nodiratime needs root"), "{e}");
         assert!(why("nodiratime").unwrap().starts_with("-o nodiratime "));
+        // Only what differs from SRC's (relatime) mount is refused.
+        assert!(
+            why("relatime,nodiratime")
+                .unwrap()
+                .starts_with("-o nodiratime ")
+        );
     }
 }

@@ -122,30 +122,9 @@ impl Drop for DevFuseMode {
     }
 }
 
-/// The uid and gid of a local test user, created if missing.
+/// The uid and gid of this file's local test user, created if missing.
 fn test_user() -> (u32, u32) {
-    const NAME: &str = "cpfs-test-agents";
-    let id = |flag: &str| {
-        let out = Command::new("id").args([flag, NAME]).output().unwrap();
-        out.status.success().then(|| {
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse::<u32>()
-                .unwrap()
-        })
-    };
-    if id("-u").is_none() {
-        let out = Command::new("useradd")
-            .args(["-M", "-s", "/usr/sbin/nologin", NAME])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success() || id("-u").is_some(),
-            "useradd: {}",
-            stderr(&out)
-        );
-    }
-    (id("-u").unwrap(), id("-g").unwrap())
+    common::test_user("cpfs-test-agents")
 }
 
 /// `command args...` as `uid`:`gid` (no supplementary groups), from `/`.

@@ -276,6 +276,28 @@ impl Drop for TestMount {
     }
 }
 
+/// The uid and gid of the local user `name`, created (no home, no login) if missing.
+pub fn test_user(name: &str) -> (u32, u32) {
+    let id = |flag: &str| {
+        let out = Command::new("id").args([flag, name]).output().unwrap();
+        out.status
+            .success()
+            .then(|| stdout(&out).trim().parse::<u32>().unwrap())
+    };
+    if id("-u").is_none() {
+        let out = Command::new("useradd")
+            .args(["-M", "-s", "/usr/sbin/nologin", name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() || id("-u").is_some(),
+            "useradd: {}",
+            stderr(&out)
+        );
+    }
+    (id("-u").unwrap(), id("-g").unwrap())
+}
+
 /// Runs `sh -c script` in the mount, asserting success.
 pub fn sh(m: &TestMount, script: &str) {
     let out = run("sh", &["-c", script], &m.mnt);
