@@ -10,11 +10,17 @@
 //!    a private temp file in the same directory, the hash is taken of exactly the bytes that
 //!    landed there, and only then is the temp renamed onto `<hash>`. Objects are made read-only
 //!    (mode 0400) so nobody edits one by accident.
-//! 2. **A successful put is durable.** The temp's data (and mode) are fsynced *before* the
-//!    rename, so after a crash a visible `<hash>` is always complete; the directory is fsynced
-//!    *after* the rename, so the name itself survives a crash. The directory is fsynced even
-//!    when the object already existed, because it may have been renamed into place a moment ago
-//!    by another thread that has not yet fsynced the directory.
+//! 2. **A successful put is durable — or, with a deferred [`SyncPolicy`], in the page cache
+//!    and known to the caller's sync.** With [`SyncPolicy::EachPut`] the temp's data (and
+//!    mode) are fsynced *before* the rename, so after a crash a visible `<hash>` is always
+//!    complete; the directory is fsynced *after* the rename, so the name itself survives a
+//!    crash. The directory is fsynced even when the object already existed, because it may
+//!    have been renamed into place a moment ago by another thread that has not yet fsynced
+//!    the directory. With [`SyncPolicy::Batched`] or [`SyncPolicy::Caller`] a put does no
+//!    sync: the object is complete in the page cache (which survives the death of this
+//!    process, not a power loss) and is made durable by [`Store::sync_batch`] (batched: the
+//!    store remembers what it wrote) or [`Store::sync_filesystem`]. Until then a power loss
+//!    can leave a name whose content is short or missing; `verify` detects it.
 //! 3. **A failed put leaves nothing behind and keeps its errno.** On any error the temp file is
 //!    unlinked and the original `io::Error` is returned unchanged (no wrapping), so an `ENOSPC`
 //!    reaches the FUSE caller as `ENOSPC`. The one exception is a failure of the final
@@ -44,6 +50,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
@@ -75,7 +82,26 @@ pub struct Store {
     /// The store directory opened `O_DIRECTORY`: all object operations are relative to it
     /// (`openat`, `renameat`, ...), and it is what gets fsynced to make names durable.
     dir_fd: File,
+    policy: SyncPolicy,
+    /// Objects renamed into place and not yet synced ([`SyncPolicy::Batched`] only).
+    unsynced: Mutex<Vec<CString>>,
 }
+
+/// When a put's object reaches the disk (see invariant 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Each put fsyncs the object and the directory before it returns.
+    EachPut,
+    /// Puts do not sync; they remember the objects they wrote for [`Store::sync_batch`].
+    Batched,
+    /// Puts do not sync and remember nothing: the caller syncs the filesystem
+    /// ([`Store::sync_filesystem`]) when it needs to.
+    Caller,
+}
+
+/// Above this many objects to sync, one `syncfs` is cheaper than one fdatasync each (each
+/// of which waits for its own journal commit on ext4).
+const SYNCFS_THRESHOLD: usize = 32;
 
 /// The result of a put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +143,13 @@ impl Store {
     /// directory created here is fsynced so the store itself survives a crash. Temp files that
     /// are still locked by a live writer are left alone (see the module docs).
     pub fn open(dir: &Path) -> io::Result<Store> {
+        Store::open_with(dir, SyncPolicy::EachPut)
+    }
+
+    /// [`Store::open`] with a choice of when puts reach the disk. With a deferring policy the
+    /// whole filesystem is synced once here, so objects that an earlier process left in the
+    /// page cache (killed before its sync) are durable before anything refers to them anew.
+    pub fn open_with(dir: &Path, policy: SyncPolicy) -> io::Result<Store> {
         create_dir_durably(dir)?;
         let dir_fd = OpenOptions::new()
             .read(true)
@@ -125,8 +158,13 @@ impl Store {
         let store = Store {
             dir: dir.to_path_buf(),
             dir_fd,
+            policy,
+            unsynced: Mutex::new(Vec::new()),
         };
         store.remove_stale_temps()?;
+        if policy != SyncPolicy::EachPut {
+            store.sync_filesystem()?;
+        }
         Ok(store)
     }
 
@@ -254,7 +292,67 @@ impl Store {
 
     /// Fsyncs the store directory (makes earlier [`Store::remove`]s durable).
     pub fn sync(&self) -> io::Result<()> {
-        self.dir_fd.sync_all()
+        crate::durability::sync_file(&self.dir_fd, false)
+    }
+
+    /// Makes every object put so far durable, and the directory, with one `syncfs` of the
+    /// store's filesystem (which also writes back whatever else is dirty there).
+    pub fn sync_filesystem(&self) -> io::Result<()> {
+        let taken = std::mem::take(&mut *self.lock_unsynced());
+        crate::durability::syncfs(&self.dir_fd).inspect_err(|_| self.put_back(taken))
+    }
+
+    /// [`SyncPolicy::Batched`]: makes the objects put since the last call durable — an
+    /// fdatasync of each (or one `syncfs` when there are many), then the directory. Returns
+    /// how many objects it synced. On error they stay listed for the next call.
+    pub fn sync_batch(&self) -> io::Result<usize> {
+        let taken = std::mem::take(&mut *self.lock_unsynced());
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let synced = (|| {
+            if taken.len() > SYNCFS_THRESHOLD {
+                return crate::durability::syncfs(&self.dir_fd);
+            }
+            for name in &taken {
+                match openat(
+                    &self.dir_fd,
+                    name,
+                    libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    0,
+                ) {
+                    Ok(f) => crate::durability::sync_file(&f, true)?,
+                    // Removed meanwhile (gc): nothing left to make durable.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.sync()
+        })();
+        let n = taken.len();
+        match synced {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                self.put_back(taken);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a put since the last [`Store::sync_batch`] is not yet durable.
+    pub fn has_unsynced(&self) -> bool {
+        !self.lock_unsynced().is_empty()
+    }
+
+    fn lock_unsynced(&self) -> std::sync::MutexGuard<'_, Vec<CString>> {
+        // A list of names, each pushed whole: a panic elsewhere cannot leave it inconsistent.
+        self.unsynced.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put_back(&self, mut names: Vec<CString>) {
+        if self.policy == SyncPolicy::Batched {
+            self.lock_unsynced().append(&mut names);
+        }
     }
 
     fn put_file_impl(&self, src: &File, try_reflink: bool) -> io::Result<StoredObject> {
@@ -322,8 +420,11 @@ impl Store {
     ) -> io::Result<StoredObject> {
         temp.file
             .set_permissions(Permissions::from_mode(OBJECT_MODE))?;
-        // Data and mode must be on disk before the name can point at them (invariant 2).
-        temp.file.sync_all()?;
+        let each_put = self.policy == SyncPolicy::EachPut;
+        if each_put {
+            // Data and mode must be on disk before the name can point at them (invariant 2).
+            crate::durability::sync_file(&temp.file, false)?;
+        }
         let name = hex(&hasher.finalize());
         let cname = object_cname(&name)?;
 
@@ -358,9 +459,14 @@ impl Store {
         };
         drop(temp);
 
-        // Makes the name durable: ours after a rename, or possibly another thread's that was
-        // renamed just now and not yet fsynced (invariant 2).
-        self.dir_fd.sync_all()?;
+        match self.policy {
+            // Makes the name durable: ours after a rename, or possibly another thread's that
+            // was renamed just now and not yet fsynced (invariant 2).
+            SyncPolicy::EachPut => self.sync()?,
+            // A reused object is listed by whoever renamed it, if it is not durable yet.
+            SyncPolicy::Batched if !reused => self.lock_unsynced().push(cname),
+            SyncPolicy::Batched | SyncPolicy::Caller => {}
+        }
         Ok(StoredObject {
             name,
             size,
