@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::commands::{self, Target};
 use crate::daemon::{self, DaemonConfig};
+use crate::durability::Durability;
 use crate::history::exclusions::{ExcludeFile, ExclusionConfig};
 use crate::history::logdiff::DiffFormat;
 use crate::manuals;
@@ -275,6 +276,14 @@ pub struct MountArgs {
     /// mount has need root. Checkpoints work on a ro mount; rewind is refused there
     #[arg(short = 'o', long = "options", value_name = "OPTS")]
     pub options: Vec<String>,
+
+    /// When Layer 1 backups reach the disk. Every mode survives kill -9 of the daemon.
+    /// strict: each backup is on disk before the change proceeds (one syncfs per backup);
+    /// batched: a power loss loses at most the last 50 ms of backups, no sync on the
+    /// syscall path; process: no syncs until unmount (a power loss can lose any backup not
+    /// yet written back by the kernel)
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = Durability::Batched)]
+    pub durability: Durability,
 
     /// Print one line with the state dir and daemon pid once mounted
     #[arg(short, long)]
@@ -1460,6 +1469,7 @@ fn mount(a: MountArgs) -> i32 {
         allow_other: a.allow_other,
         exclusions,
         options,
+        durability: a.durability,
     };
     if a.foreground {
         run_foreground(cfg)

@@ -258,6 +258,8 @@ fn report(
         source,
         state_dir: state_dir.clone(),
         exclusions,
+        // Read-only: nothing is backed up, so no durability applies.
+        durability: Default::default(),
     }) {
         Ok(h) => h,
         Err(e) => {

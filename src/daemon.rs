@@ -13,6 +13,7 @@ pub struct DaemonConfig {
     pub allow_other: bool,
     pub exclusions: crate::history::exclusions::ExclusionConfig,
     pub options: crate::mount_options::MountOptions,
+    pub durability: crate::durability::Durability,
 }
 
 use std::io;
@@ -78,6 +79,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         root: Some(root.try_clone()?),
         state_dir: cfg.state_dir.clone(),
         exclusions: cfg.exclusions.clone(),
+        durability: cfg.durability,
     })?;
     // Saved once the history is known to be readable: a state dir refused for a corrupt
     // transcript keeps its settings.
@@ -103,6 +105,17 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         std::thread::Builder::new()
             .name("copier".into())
             .spawn(move || h.run_copier())?
+    };
+    let syncer = match cfg.durability {
+        crate::durability::Durability::Batched => {
+            let h = history.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("syncer".into())
+                    .spawn(move || h.run_syncer())?,
+            )
+        }
+        _ => None,
     };
     let fs = Arc::new(PassthroughFs::new(
         root,
@@ -136,11 +149,12 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     };
     let session = Session::from_fd(adapter, dev, acl, options)?;
     info!(
-        "mounted {} at {} (state {}, {} threads)",
+        "mounted {} at {} (state {}, {} threads, durability {})",
         cfg.source.display(),
         cfg.mountpoint.display(),
         cfg.state_dir.display(),
-        cfg.threads
+        cfg.threads,
+        cfg.durability.name()
     );
     // Dropping the handle neither kills nor waits for it: it exits after this process.
     let _watchdog = match crate::watchdog::start(&cfg.mountpoint) {
@@ -169,7 +183,14 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     if copier.join().is_err() {
         warn!("the background copier panicked; pending copies are redone at the next mount");
     }
+    if let Some(syncer) = syncer {
+        syncer.thread().unpark();
+        if syncer.join().is_err() {
+            warn!("the syncer thread panicked; the final sync below still runs");
+        }
+    }
     history.shutdown()?;
+    info!("{}", history.layer1_stats());
     served
 }
 

@@ -20,6 +20,7 @@ pub mod cli;
 pub mod commands;
 pub mod control;
 pub mod daemon;
+pub mod durability;
 pub mod fs;
 pub mod fuse_adapter;
 pub mod fusermount;

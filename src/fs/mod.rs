@@ -821,6 +821,9 @@ impl PassthroughFs {
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
+        if virt::is_virtual_handle(fh) {
+            return self.virt.lseek(fh, offset, whence);
+        }
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -398,6 +399,16 @@ impl VirtualTree {
             }
             VirtualHandle::Ctl => Err(errno(libc::EBADF)),
             VirtualHandle::Listing(_) => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    /// `lseek` on a view file: `SEEK_DATA`/`SEEK_HOLE` answer from the stored object, so a
+    /// sparse-aware copy out of a view (`cp --sparse=auto`, rsync -S) keeps its holes. Reads
+    /// use pread, so the object fd's own offset means nothing and may move.
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
+        match &*self.handle(fh)? {
+            VirtualHandle::ViewFile(file) => super::sys::lseek(file.as_fd(), offset, whence),
+            _ => Err(errno(libc::ESPIPE)),
         }
     }
 

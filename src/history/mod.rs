@@ -58,9 +58,11 @@ use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::SystemTime;
 
+use crate::durability::Durability;
 use crate::transcript::journal::Journal;
 use crate::transcript::record::EntryMeta;
 use crate::transcript::writer::TranscriptWriter;
@@ -258,6 +260,22 @@ pub struct HistoryConfig {
     pub root: Option<std::os::fd::OwnedFd>,
     pub state_dir: PathBuf,
     pub exclusions: ExclusionConfig,
+    /// When Layer 1 backups reach the disk (`--durability`).
+    pub durability: Durability,
+}
+
+/// What Layer 1 cost on the syscall path, for the stats line at unmount (and tests: the
+/// strict mode promises at most one sync per backup).
+#[derive(Debug, Default)]
+pub(crate) struct Layer1Stats {
+    /// Layer 1 records written for a change (not for a background fill).
+    pub records: AtomicU64,
+    /// Of those, the ones that stored new content.
+    pub with_content: AtomicU64,
+    /// Syncs (fsync, fdatasync, syncfs) made on the syscall path by those backups.
+    pub syncs: AtomicU64,
+    /// The most syncs one backup made.
+    pub max_syncs: AtomicU64,
 }
 
 /// The two places a record is written: the store journal (synchronously, before the change
@@ -272,7 +290,12 @@ pub struct History {
     /// O_PATH fd on SRC: captures resolve paths beneath it without following symlinks.
     source_fd: OwnedFd,
     state_dir: PathBuf,
-    store: Store,
+    store: Arc<Store>,
+    durability: Durability,
+    pub(crate) layer1_stats: Layer1Stats,
+    /// The batched mode's syncer: whether its last round failed (so a failure is logged
+    /// once, and its recovery).
+    pub(crate) sync_failing: AtomicBool,
     /// Where records go; `None` when the state dir was opened read-only (no daemon).
     recorder: Option<Recorder>,
     exclusions: Exclusions,

@@ -8,11 +8,10 @@
 //! symlink planted in it.
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use log::info;
-use sha2::{Digest, Sha256};
 
 use super::logdiff::SessionChanges;
 use super::view::ViewEntry;
@@ -74,22 +73,8 @@ impl History {
                 Ok(self.store().read_object(name)? == now)
             }
             EntryKind::File => {
-                let mut file = File::from(sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY)?);
-                let mut hasher = Sha256::new();
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = file.read(&mut buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    hasher.update(&buf[..n]);
-                }
-                let hex: String = hasher
-                    .finalize()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                Ok(&hex == name)
+                let file = File::from(sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY)?);
+                Ok(&super::store::content_hash(&file)? == name)
             }
             _ => Ok(true),
         }
@@ -567,10 +552,9 @@ fn write_entry(
         EntryKind::File => {
             let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
             let fd = open_in(root, rel, flags, 0o600)?;
-            let mut out = File::from(fd);
-            let mut src = history.view_open(target)?;
-            io::copy(&mut src, &mut out)?;
-            out.flush()?;
+            let out = File::from(fd);
+            // Extents only, so a sparse file comes back sparse (and a hole costs no writes).
+            super::store::copy_sparse(&history.view_open(target)?, &out)?;
             Ok(())
         }
         EntryKind::Symlink => {

@@ -10,11 +10,17 @@
 //!    a private temp file in the same directory, the hash is taken of exactly the bytes that
 //!    landed there, and only then is the temp renamed onto `<hash>`. Objects are made read-only
 //!    (mode 0400) so nobody edits one by accident.
-//! 2. **A successful put is durable.** The temp's data (and mode) are fsynced *before* the
-//!    rename, so after a crash a visible `<hash>` is always complete; the directory is fsynced
-//!    *after* the rename, so the name itself survives a crash. The directory is fsynced even
-//!    when the object already existed, because it may have been renamed into place a moment ago
-//!    by another thread that has not yet fsynced the directory.
+//! 2. **A successful put is durable — or, with a deferred [`SyncPolicy`], in the page cache
+//!    and known to the caller's sync.** With [`SyncPolicy::EachPut`] the temp's data (and
+//!    mode) are fsynced *before* the rename, so after a crash a visible `<hash>` is always
+//!    complete; the directory is fsynced *after* the rename, so the name itself survives a
+//!    crash. The directory is fsynced even when the object already existed, because it may
+//!    have been renamed into place a moment ago by another thread that has not yet fsynced
+//!    the directory. With [`SyncPolicy::Batched`] or [`SyncPolicy::Caller`] a put does no
+//!    sync: the object is complete in the page cache (which survives the death of this
+//!    process, not a power loss) and is made durable by [`Store::sync_batch`] (batched: the
+//!    store remembers what it wrote) or [`Store::sync_filesystem`]. Until then a power loss
+//!    can leave a name whose content is short or missing; `verify` detects it.
 //! 3. **A failed put leaves nothing behind and keeps its errno.** On any error the temp file is
 //!    unlinked and the original `io::Error` is returned unchanged (no wrapping), so an `ENOSPC`
 //!    reaches the FUSE caller as `ENOSPC`. The one exception is a failure of the final
@@ -26,6 +32,11 @@
 //!    gone. This keeps a second `Store` on the same directory (another process, e.g. a CLI
 //!    reading backups while the daemon runs, or another instance in this process) from
 //!    deleting a backup that is being written.
+//!
+//! 5. **Holes are kept.** An object is the file's logical content (holes read as zeros and
+//!    hash as zeros), but only its data extents are stored: copies walk the source with
+//!    `SEEK_DATA`/`SEEK_HOLE` and write data at its offset, so the store holds allocated data
+//!    only. [`copy_sparse`] restores an object the same way.
 //!
 //! Removal ([`Store::remove`]) is not coordinated with puts: a caller that garbage-collects
 //! objects must make sure nothing still refers to them (a put that reports `reused` relies on
@@ -39,6 +50,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
@@ -70,7 +82,26 @@ pub struct Store {
     /// The store directory opened `O_DIRECTORY`: all object operations are relative to it
     /// (`openat`, `renameat`, ...), and it is what gets fsynced to make names durable.
     dir_fd: File,
+    policy: SyncPolicy,
+    /// Objects renamed into place and not yet synced ([`SyncPolicy::Batched`] only).
+    unsynced: Mutex<Vec<CString>>,
 }
+
+/// When a put's object reaches the disk (see invariant 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Each put fsyncs the object and the directory before it returns.
+    EachPut,
+    /// Puts do not sync; they remember the objects they wrote for [`Store::sync_batch`].
+    Batched,
+    /// Puts do not sync and remember nothing: the caller syncs the filesystem
+    /// ([`Store::sync_filesystem`]) when it needs to.
+    Caller,
+}
+
+/// Above this many objects to sync, one `syncfs` is cheaper than one fdatasync each (each
+/// of which waits for its own journal commit on ext4).
+const SYNCFS_THRESHOLD: usize = 32;
 
 /// The result of a put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +143,13 @@ impl Store {
     /// directory created here is fsynced so the store itself survives a crash. Temp files that
     /// are still locked by a live writer are left alone (see the module docs).
     pub fn open(dir: &Path) -> io::Result<Store> {
+        Store::open_with(dir, SyncPolicy::EachPut)
+    }
+
+    /// [`Store::open`] with a choice of when puts reach the disk. With a deferring policy the
+    /// whole filesystem is synced once here, so objects that an earlier process left in the
+    /// page cache (killed before its sync) are durable before anything refers to them anew.
+    pub fn open_with(dir: &Path, policy: SyncPolicy) -> io::Result<Store> {
         create_dir_durably(dir)?;
         let dir_fd = OpenOptions::new()
             .read(true)
@@ -120,13 +158,18 @@ impl Store {
         let store = Store {
             dir: dir.to_path_buf(),
             dir_fd,
+            policy,
+            unsynced: Mutex::new(Vec::new()),
         };
         store.remove_stale_temps()?;
+        if policy != SyncPolicy::EachPut {
+            store.sync_filesystem()?;
+        }
         Ok(store)
     }
 
-    /// Stores the whole content of `src` (read from offset 0 to EOF with pread; do not use or
-    /// move the fd's file offset).
+    /// Stores the whole content of `src` (read from offset 0 to EOF with pread; the fd's file
+    /// offset is left where it was, so do not use the same fd concurrently).
     ///
     /// First tries a reflink (`FICLONE`), which shares extents instead of copying when `src`
     /// and the store are on the same btrfs/XFS. The object is then hashed by reading the
@@ -135,6 +178,11 @@ impl Store {
     /// bytes are copied with pread into one 1 MiB buffer that feeds the hash and the write in
     /// the same pass, so the data is read once. A file that grows or shrinks meanwhile is
     /// copied up to the EOF that pread sees; whatever was copied is what gets named and kept.
+    ///
+    /// Holes are kept (invariant 5): the copy walks `src` with `SEEK_DATA`/`SEEK_HOLE`, writes
+    /// only the data extents, at their offsets, and sets the length at the end; holes are
+    /// hashed as zeros without being read. So a 1 GiB file with 4 KiB of data costs 4 KiB of
+    /// store space (and the time to hash 1 GiB of zeros).
     ///
     /// `src` must be open for reading. Errors are returned with their raw errno.
     pub fn put_file(&self, src: &File) -> io::Result<StoredObject> {
@@ -244,7 +292,67 @@ impl Store {
 
     /// Fsyncs the store directory (makes earlier [`Store::remove`]s durable).
     pub fn sync(&self) -> io::Result<()> {
-        self.dir_fd.sync_all()
+        crate::durability::sync_file(&self.dir_fd, false)
+    }
+
+    /// Makes every object put so far durable, and the directory, with one `syncfs` of the
+    /// store's filesystem (which also writes back whatever else is dirty there).
+    pub fn sync_filesystem(&self) -> io::Result<()> {
+        let taken = std::mem::take(&mut *self.lock_unsynced());
+        crate::durability::syncfs(&self.dir_fd).inspect_err(|_| self.put_back(taken))
+    }
+
+    /// [`SyncPolicy::Batched`]: makes the objects put since the last call durable — an
+    /// fdatasync of each (or one `syncfs` when there are many), then the directory. Returns
+    /// how many objects it synced. On error they stay listed for the next call.
+    pub fn sync_batch(&self) -> io::Result<usize> {
+        let taken = std::mem::take(&mut *self.lock_unsynced());
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let synced = (|| {
+            if taken.len() > SYNCFS_THRESHOLD {
+                return crate::durability::syncfs(&self.dir_fd);
+            }
+            for name in &taken {
+                match openat(
+                    &self.dir_fd,
+                    name,
+                    libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    0,
+                ) {
+                    Ok(f) => crate::durability::sync_file(&f, true)?,
+                    // Removed meanwhile (gc): nothing left to make durable.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.sync()
+        })();
+        let n = taken.len();
+        match synced {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                self.put_back(taken);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a put since the last [`Store::sync_batch`] is not yet durable.
+    pub fn has_unsynced(&self) -> bool {
+        !self.lock_unsynced().is_empty()
+    }
+
+    fn lock_unsynced(&self) -> std::sync::MutexGuard<'_, Vec<CString>> {
+        // A list of names, each pushed whole: a panic elsewhere cannot leave it inconsistent.
+        self.unsynced.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put_back(&self, mut names: Vec<CString>) {
+        if self.policy == SyncPolicy::Batched {
+            self.lock_unsynced().append(&mut names);
+        }
     }
 
     fn put_file_impl(&self, src: &File, try_reflink: bool) -> io::Result<StoredObject> {
@@ -312,8 +420,11 @@ impl Store {
     ) -> io::Result<StoredObject> {
         temp.file
             .set_permissions(Permissions::from_mode(OBJECT_MODE))?;
-        // Data and mode must be on disk before the name can point at them (invariant 2).
-        temp.file.sync_all()?;
+        let each_put = self.policy == SyncPolicy::EachPut;
+        if each_put {
+            // Data and mode must be on disk before the name can point at them (invariant 2).
+            crate::durability::sync_file(&temp.file, false)?;
+        }
         let name = hex(&hasher.finalize());
         let cname = object_cname(&name)?;
 
@@ -348,9 +459,14 @@ impl Store {
         };
         drop(temp);
 
-        // Makes the name durable: ours after a rename, or possibly another thread's that was
-        // renamed just now and not yet fsynced (invariant 2).
-        self.dir_fd.sync_all()?;
+        match self.policy {
+            // Makes the name durable: ours after a rename, or possibly another thread's that
+            // was renamed just now and not yet fsynced (invariant 2).
+            SyncPolicy::EachPut => self.sync()?,
+            // A reused object is listed by whoever renamed it, if it is not durable yet.
+            SyncPolicy::Batched if !reused => self.lock_unsynced().push(cname),
+            SyncPolicy::Batched | SyncPolicy::Caller => {}
+        }
         Ok(StoredObject {
             name,
             size,
@@ -503,40 +619,184 @@ fn reflink(src: &File, dst: &File) -> io::Result<bool> {
     }
 }
 
-/// Copies `src` from offset 0 to EOF into `dst` (at `dst`'s file offset, which is 0 for a
-/// fresh temp), hashing in the same pass. Returns the hash and the number of bytes copied.
-fn copy_and_hash(src: &File, dst: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
-    let mut hasher = Sha256::new();
-    let mut off = 0u64;
-    loop {
-        let n = match src.read_at(buf, off) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        write_all(dst, &buf[..n])?;
-        off += n as u64;
-    }
-    Ok((hasher, off))
+/// Zeros fed to the hash for holes, so a hole costs hashing time but no reads or allocation.
+static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
+
+/// One region of a file, as [`walk_extents`] reports it.
+enum Extent<'a> {
+    /// Allocated bytes at this offset.
+    Data(u64, &'a [u8]),
+    /// A hole of this many bytes (reads as zeros).
+    Hole(u64),
 }
 
-/// Hashes `file` from offset 0 to EOF with pread. Returns the hash and the length read.
+/// Walks `src` from offset 0 to EOF with pread, calling `on` with the allocated regions and
+/// the holes between them, in order (holes found with
+/// `SEEK_DATA`/`SEEK_HOLE`, so a hole is never read). Returns the length walked: the EOF that
+/// the walk saw, even if the file grows or shrinks meanwhile (a shrink ends the walk at the
+/// first short read; a hole past the end of what was read is only counted up to the size
+/// `fstat` reports then).
+///
+/// Every byte in `[0, len)` is reported exactly once, in order, either as data or as part of
+/// a hole: that is what makes the content hash (holes hash as zeros) match the copy.
+/// A filesystem without `SEEK_DATA` (EINVAL) reports everything as data.
+fn walk_extents(
+    src: &File,
+    buf: &mut [u8],
+    on: impl FnMut(Extent<'_>) -> io::Result<()>,
+) -> io::Result<u64> {
+    // SEEK_DATA/SEEK_HOLE move the fd's offset; callers may share the fd (its offset is
+    // theirs), so it is put back. Not atomic against a concurrent user of the same fd.
+    let saved = seek(src, 0, libc::SEEK_CUR)?;
+    let walked = walk_extents_from_zero(src, buf, on);
+    let restored = seek(src, saved, libc::SEEK_SET);
+    let len = walked?;
+    restored?;
+    Ok(len)
+}
+
+fn walk_extents_from_zero(
+    src: &File,
+    buf: &mut [u8],
+    mut on: impl FnMut(Extent<'_>) -> io::Result<()>,
+) -> io::Result<u64> {
+    let mut off = 0u64;
+    let mut sparse = true;
+    loop {
+        let (data, data_end) = if sparse {
+            match seek(src, off, libc::SEEK_DATA) {
+                Ok(data) => match seek(src, data, libc::SEEK_HOLE) {
+                    Ok(hole) => (data, hole),
+                    // Truncated below `data` in between: the file ends here.
+                    Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(off),
+                    Err(e) => return Err(e),
+                },
+                // No data at or after `off`: the rest, up to the current size, is a hole.
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                    let size = src.metadata()?.len();
+                    if size > off {
+                        on(Extent::Hole(size - off))?;
+                        off = size;
+                    }
+                    return Ok(off);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    sparse = false;
+                    (off, u64::MAX)
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            (off, u64::MAX)
+        };
+        if data > off {
+            on(Extent::Hole(data - off))?;
+            off = data;
+        }
+        while off < data_end {
+            let want = usize::try_from(data_end - off).map_or(buf.len(), |n| n.min(buf.len()));
+            let n = match src.read_at(&mut buf[..want], off) {
+                Ok(0) => return Ok(off),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            on(Extent::Data(off, &buf[..n]))?;
+            off += n as u64;
+        }
+    }
+}
+
+/// Adds one extent to a content hash: data as is, a hole as zeros.
+fn hash_extent(hasher: &mut Sha256, e: &Extent<'_>) {
+    match *e {
+        Extent::Data(_, data) => hasher.update(data),
+        Extent::Hole(mut len) => {
+            while len > 0 {
+                let n = usize::try_from(len).map_or(ZEROS.len(), |l| l.min(ZEROS.len()));
+                hasher.update(&ZEROS[..n]);
+                len -= n as u64;
+            }
+        }
+    }
+}
+
+/// Writes a data extent at its offset in `dst`; a hole is left alone (`dst` is empty there).
+fn write_extent(dst: &File, e: &Extent<'_>) -> io::Result<()> {
+    match *e {
+        Extent::Data(off, data) => write_all_at(dst, data, off),
+        Extent::Hole(_) => Ok(()),
+    }
+}
+
+/// Copies `src` from offset 0 to EOF into the empty `dst` at the same offsets, hashing in
+/// the same pass; holes stay holes in `dst` (only data extents are written, the length is
+/// set at the end). Returns the hash and the number of bytes copied (holes included).
+fn copy_and_hash(src: &File, dst: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
+    let mut hasher = Sha256::new();
+    let len = walk_extents(src, buf, |e| {
+        hash_extent(&mut hasher, &e);
+        write_extent(dst, &e)
+    })?;
+    dst.set_len(len)?;
+    Ok((hasher, len))
+}
+
+/// Hashes `file` from offset 0 to EOF (holes as zeros, without reading them). Returns the
+/// hash and the length.
 fn hash_file(file: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
     let mut hasher = Sha256::new();
-    let mut off = 0u64;
-    loop {
-        let n = match file.read_at(buf, off) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        hasher.update(&buf[..n]);
-        off += n as u64;
+    let len = walk_extents(file, buf, |e| {
+        hash_extent(&mut hasher, &e);
+        Ok(())
+    })?;
+    Ok((hasher, len))
+}
+
+/// The content hash of `file` as an object name (what [`Store::put_file`] would name it),
+/// without reading its holes.
+pub fn content_hash(file: &File) -> io::Result<String> {
+    let mut buf = vec![0u8; BUF_SIZE];
+    Ok(hex(&hash_file(file, &mut buf)?.0.finalize()))
+}
+
+/// Copies `src` (from offset 0 to EOF) over `dst`, which must be empty, keeping holes: only
+/// the data extents are written, at their offsets, and the length is set at the end. Used to
+/// restore a stored object without making a sparse file dense. Returns the length.
+pub fn copy_sparse(src: &File, dst: &File) -> io::Result<u64> {
+    let mut buf = vec![0u8; BUF_SIZE];
+    let len = walk_extents(src, &mut buf, |e| write_extent(dst, &e))?;
+    dst.set_len(len)?;
+    Ok(len)
+}
+
+/// `lseek`, for `SEEK_DATA`/`SEEK_HOLE` (the fd's offset is not used by anything here: all
+/// IO is pread/pwrite).
+fn seek(file: &File, off: u64, whence: libc::c_int) -> io::Result<u64> {
+    let off = i64::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: `file` is an open fd; lseek touches no memory of ours.
+    let ret = unsafe { libc::lseek(file.as_raw_fd(), off, whence) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok((hasher, off))
+    Ok(ret as u64)
+}
+
+/// `pwrite()` until all of `data` is written at `off`, retrying short writes and EINTR; a
+/// zero-length write becomes EIO (see [`write_all`]).
+fn write_all_at(file: &File, mut data: &[u8], mut off: u64) -> io::Result<()> {
+    while !data.is_empty() {
+        match file.write_at(data, off) {
+            Ok(0) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            Ok(n) => {
+                data = &data[n..];
+                off += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// `write()` until all of `data` is written, retrying short writes and EINTR. Unlike
@@ -790,6 +1050,72 @@ mod tests {
         let obj2 = store.put_file_impl(&src, false).expect("put (copy path)");
         assert_eq!(obj2.name, obj.name);
         assert_eq!(src.stream_position().expect("tell"), 10);
+    }
+
+    /// A sparse file: `len` bytes, with `data` written at each offset and holes elsewhere.
+    fn sparse_file(dir: &Path, name: &str, len: u64, data: &[(u64, &[u8])]) -> (File, Vec<u8>) {
+        let path = dir.join(name);
+        let f = File::create(&path).expect("create sparse file");
+        f.set_len(len).expect("set_len");
+        let mut logical = vec![0u8; usize::try_from(len).expect("len")];
+        for (off, bytes) in data {
+            f.write_all_at(bytes, *off).expect("write");
+            let o = usize::try_from(*off).expect("off");
+            logical[o..o + bytes.len()].copy_from_slice(bytes);
+        }
+        drop(f);
+        (File::open(&path).expect("open sparse file"), logical)
+    }
+
+    fn allocated(path: &Path) -> u64 {
+        std::fs::metadata(path).expect("stat").blocks() * 512
+    }
+
+    #[test]
+    fn sparse_files_keep_their_holes_in_the_store_and_when_restored() {
+        let (tmp, store) = setup();
+        let len = 64 << 20;
+        let cases: [&[(u64, &[u8])]; 4] = [
+            &[(32 << 20, b"x")],
+            &[(0, b"head"), (len - 5, b"tail!")],
+            &[(1 << 20, &[7u8; 3 << 20])],
+            &[],
+        ];
+        for (i, data) in cases.iter().enumerate() {
+            let (src, logical) = sparse_file(tmp.path(), &format!("sparse{i}"), len, data);
+            let data_bytes: u64 = data.iter().map(|(_, d)| d.len() as u64).sum();
+            for try_reflink in [false, true] {
+                let obj = store.put_file_impl(&src, try_reflink).expect("put sparse");
+                assert_eq!(
+                    obj.name,
+                    sha256_hex(&logical),
+                    "case {i}: holes hash as zeros"
+                );
+                assert_eq!(obj.size, len);
+                let path = store.object_path(&obj.name);
+                // Each data run costs at most a few blocks on either side.
+                let budget = data_bytes + 64 * 1024;
+                assert!(
+                    allocated(&path) <= budget,
+                    "case {i}: object allocates {} bytes for {data_bytes} of data",
+                    allocated(&path)
+                );
+                assert!(store.read_object(&obj.name).expect("read") == logical);
+                assert!(store.verify(&obj.name).expect("verify"));
+                assert_eq!(content_hash(&src).expect("hash"), obj.name);
+
+                let out_path = tmp.path().join(format!("restored{i}"));
+                let out = File::create(&out_path).expect("create");
+                let copied = copy_sparse(&store.open_object(&obj.name).expect("open"), &out)
+                    .expect("copy_sparse");
+                assert_eq!(copied, len);
+                assert!(
+                    allocated(&out_path) <= budget,
+                    "case {i}: restored file is dense"
+                );
+                assert!(std::fs::read(&out_path).expect("read restored") == logical);
+            }
+        }
     }
 
     #[test]

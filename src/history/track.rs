@@ -11,8 +11,9 @@ use std::time::SystemTime;
 
 use log::{debug, info, warn};
 
-use super::store::Store;
+use super::store::{Store, SyncPolicy};
 use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
+use crate::durability::{self, Durability};
 use crate::fs::sys;
 use crate::transcript::journal::Journal;
 use crate::transcript::record::{
@@ -87,7 +88,7 @@ fn load(state_dir: &std::path::Path) -> io::Result<Loaded> {
 fn assemble(
     cfg: HistoryConfig,
     source_fd: OwnedFd,
-    store: Store,
+    store: Arc<Store>,
     state: State,
     recorder: Option<super::Recorder>,
 ) -> io::Result<Arc<History>> {
@@ -114,6 +115,9 @@ fn assemble(
         source_fd,
         state_dir: cfg.state_dir,
         store,
+        durability: cfg.durability,
+        layer1_stats: Default::default(),
+        sync_failing: Default::default(),
         recorder,
         exclusions,
         state: Mutex::new(state),
@@ -133,7 +137,12 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
     };
     // The daemon holds the state lock, so no gc is writing one of these right now.
     super::gc::remove_stale_rewrites(&cfg.state_dir)?;
-    let store = Store::open(&cfg.state_dir.join("backups"))?;
+    let policy = match cfg.durability {
+        Durability::Batched => SyncPolicy::Batched,
+        // Strict syncs the filesystem after each backup; process only at unmount.
+        Durability::Strict | Durability::Process => SyncPolicy::Caller,
+    };
+    let store = Arc::new(Store::open_with(&cfg.state_dir.join("backups"), policy)?);
     let transcript_path = cfg.state_dir.join("transcript.jsonl");
     let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
     let mut loaded = load(&cfg.state_dir)?;
@@ -164,6 +173,13 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
             }
         }));
     }
+    if cfg.durability == Durability::Batched {
+        // A record durable in the transcript must not name an object a power loss can
+        // still take (strict mode syncs each object before its record exists; process
+        // mode promises nothing across a power loss).
+        let store = store.clone();
+        transcript.set_before_commit(Box::new(move || store.sync_batch().map(drop)));
+    }
     // Records that reached only the journal before a crash belong in the transcript too.
     for r in loaded.journal_tail {
         transcript.append(r);
@@ -184,7 +200,7 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
 /// everything, changes nothing on disk.
 pub fn open_history_readonly(cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let source_fd = open_source(&cfg.source)?;
-    let store = Store::open(&cfg.state_dir.join("backups"))?;
+    let store = Arc::new(Store::open(&cfg.state_dir.join("backups"))?);
     let loaded = load(&cfg.state_dir)?;
     assemble(cfg, source_fd, store, loaded.state, None)
 }
@@ -339,6 +355,19 @@ fn actor_key(a: &Actor) -> super::ActorKey {
     }
 }
 
+/// What a Layer 1 record still needs, after it is written, before the change may proceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LayerSync {
+    /// No record was written.
+    Nothing,
+    /// Written; the mode syncs later (or never).
+    None,
+    /// Strict, no new object: fdatasync the journal.
+    Journal,
+    /// Strict, with a new object: one syncfs covers object, name and record.
+    Filesystem,
+}
+
 /// What Layer 1 must do for a path before it changes.
 enum Need {
     Nothing,
@@ -441,8 +470,38 @@ impl History {
         Ok(())
     }
 
-    /// The common path of Layer 1 (caller = Some) and the background copier (fill).
+    /// The common path of Layer 1 (caller = Some) and the background copier (fill): records
+    /// what is needed, then makes it as durable as the mode asks, with the state unlocked.
     fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
+        let syncs_before = durability::syncs_on_this_thread();
+        let (sync, wrote) = self.track_locked(rel, caller, fill)?;
+        let recorded = sync != LayerSync::Nothing;
+        match sync {
+            LayerSync::Nothing | LayerSync::None => {}
+            LayerSync::Journal => self.recorder()?.journal.sync()?,
+            // One syncfs: the object's data, its name and the journal record at once.
+            LayerSync::Filesystem => self.store.sync_filesystem()?,
+        }
+        if caller.is_some() && !fill && recorded {
+            let s = &self.layer1_stats;
+            let syncs = durability::syncs_on_this_thread() - syncs_before;
+            s.records.fetch_add(1, Ordering::Relaxed);
+            s.with_content
+                .fetch_add(u64::from(wrote), Ordering::Relaxed);
+            s.syncs.fetch_add(syncs, Ordering::Relaxed);
+            s.max_syncs.fetch_max(syncs, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// [`History::track`] under the state lock: returns what the record written (if any)
+    /// still needs to be durable, and whether new content went into the store.
+    fn track_locked(
+        &self,
+        rel: &str,
+        caller: Option<&Caller>,
+        fill: bool,
+    ) -> io::Result<(LayerSync, bool)> {
         // Who the caller is, found (it reads /proc) only when a record needs it and only
         // with the state unlocked.
         let mut actor: Option<Actor> = None;
@@ -465,7 +524,7 @@ impl History {
                     // Already changed in this message; a process or session not yet recorded
                     // for it gets a record of its own (the content is stored already).
                     let Some(c) = caller.filter(|_| !fill) else {
-                        return Ok(());
+                        return Ok((LayerSync::Nothing, false));
                     };
                     let known = actor
                         .clone()
@@ -477,13 +536,15 @@ impl History {
                         continue;
                     };
                     if !st.note_actor(rel, actor_key(&a)) {
-                        return Ok(());
+                        return Ok((LayerSync::Nothing, false));
                     }
                     let h = st.paths.get(rel).ok_or_else(|| errno(libc::EIO))?;
                     let n = h.versions.len() as u32;
                     let v = h.versions[n as usize - 1].clone();
                     debug!("layer 1: {rel} also changed by pid {}", a.pid);
-                    return self.emit_layer1(&mut st, rel, n, &v, Some(a), false, false);
+                    return self
+                        .emit_layer1(&mut st, rel, n, &v, Some(a), false, false)
+                        .map(|s| (s, false));
                 }
                 Need::MarkDirty => {
                     if let (Some(c), None) = (caller, &actor) {
@@ -501,7 +562,9 @@ impl History {
                         st.note_actor(rel, actor_key(a));
                     }
                     debug!("layer 1: {rel} changes again (v{n} already stored)");
-                    return self.emit_layer1(&mut st, rel, n, &v, actor, false, false);
+                    return self
+                        .emit_layer1(&mut st, rel, n, &v, actor, false, false)
+                        .map(|s| (s, false));
                 }
                 Need::Capture => {
                     st.busy.insert(rel.to_string());
@@ -546,15 +609,9 @@ impl History {
                         st.note_actor(rel, actor_key(a));
                     }
                     debug!("layer 1: backed up {rel} as v{version}");
-                    return self.emit_layer1(
-                        &mut st,
-                        rel,
-                        version as u32,
-                        &v,
-                        actor,
-                        fill,
-                        fresh_content,
-                    );
+                    return self
+                        .emit_layer1(&mut st, rel, version as u32, &v, actor, fill, fresh_content)
+                        .map(|s| (s, fresh_content));
                 }
             }
         }
@@ -601,8 +658,8 @@ impl History {
         v: &Version,
         actor: Option<Actor>,
         fill: bool,
-        sync: bool,
-    ) -> io::Result<()> {
+        fresh_content: bool,
+    ) -> io::Result<LayerSync> {
         let mut backups = BTreeMap::new();
         backups.insert(rel.to_string(), backup_of(version, v, actor, fill));
         let message = st.current_message();
@@ -614,11 +671,67 @@ impl History {
         );
         st.next_seq += 1;
         // The journal is what makes the record survive a daemon crash; if it cannot be
-        // written, the change must not go ahead.
+        // written, the change must not go ahead. Syncing is left to the caller, which does it
+        // with the state unlocked.
         let rec = self.recorder()?;
-        rec.journal.append(&record, sync)?;
+        rec.journal.append(&record, false)?;
         rec.transcript.append(record);
-        Ok(())
+        Ok(self.sync_needed(fresh_content))
+    }
+
+    /// What a record written now still needs before the change may proceed.
+    fn sync_needed(&self, fresh_content: bool) -> LayerSync {
+        match self.durability {
+            Durability::Strict if fresh_content => LayerSync::Filesystem,
+            Durability::Strict => LayerSync::Journal,
+            Durability::Batched | Durability::Process => LayerSync::None,
+        }
+    }
+
+    /// The batched mode's syncer: every [`durability::SYNC_INTERVAL`], makes the objects and
+    /// journal records written since its last round durable (objects first, then the
+    /// directory, then the journal, so a durable record names a durable object). Runs
+    /// until `shutdown`; the daemon unparks it then, and the final sync is `shutdown`'s.
+    pub fn run_syncer(self: &Arc<Self>) {
+        while !self.stopping.load(Ordering::Relaxed) {
+            std::thread::park_timeout(durability::SYNC_INTERVAL);
+            let round = (|| {
+                self.store.sync_batch()?;
+                if let Some(rec) = &self.recorder {
+                    rec.journal.sync_if_needed()?;
+                }
+                io::Result::Ok(())
+            })();
+            match round {
+                Ok(()) => {
+                    if self.sync_failing.swap(false, Ordering::Relaxed) {
+                        info!("syncer: backups are reaching the disk again");
+                    }
+                }
+                // Once per run of failures: the next rounds retry the same objects.
+                Err(e) if !self.sync_failing.swap(true, Ordering::Relaxed) => {
+                    warn!(
+                        "syncer: cannot make recent backups durable: {e}; they survive a crash \
+                         of the daemon but not a power loss until this recovers (retrying)"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// One line on what Layer 1 cost on the syscall path, for the log at unmount.
+    pub fn layer1_stats(&self) -> String {
+        let s = &self.layer1_stats;
+        let records = s.records.load(Ordering::Relaxed);
+        let syncs = s.syncs.load(Ordering::Relaxed);
+        format!(
+            "layer 1 ({} durability): {records} backups ({} with new content), {syncs} syncs \
+             on the syscall path, at most {} per backup",
+            self.durability.name(),
+            s.with_content.load(Ordering::Relaxed),
+            s.max_syncs.load(Ordering::Relaxed)
+        )
     }
 
     /// Opens `rel` beneath SRC without following any symlink (not even in the middle).
@@ -760,13 +873,21 @@ impl History {
         let rec = self.recorder()?;
         rec.journal.append(&record, false)?;
         rec.transcript.append(record);
+        let copied_open_files = !continuing.is_empty();
         for (path, n) in continuing {
             st.mark_dirty(&path);
             let v = st.paths[&path].versions[n as usize - 1].clone();
             self.emit_layer1(&mut st, &path, n, &v, None, false, false)?;
         }
-        debug!("checkpoint {id}: recorded in {:?}", t0.elapsed());
         drop(st);
+        // Strict: the checkpoint (and the copies of open files it made) are on disk before
+        // the marker returns; one sync for all of it.
+        match self.sync_needed(copied_open_files) {
+            LayerSync::Journal => rec.journal.sync()?,
+            LayerSync::Filesystem => self.store.sync_filesystem()?,
+            LayerSync::Nothing | LayerSync::None => {}
+        }
+        debug!("checkpoint {id}: recorded in {:?}", t0.elapsed());
         if !to_fill.is_empty() {
             let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             q.extend(to_fill);
@@ -827,6 +948,9 @@ impl History {
         self.stopping.store(true, Ordering::Relaxed);
         self.pending_cond.notify_all();
         if let Some(rec) = &self.recorder {
+            // Whatever the mode, a clean unmount leaves every backup on disk: objects and
+            // directory (one syncfs), then the journal and the transcript.
+            self.store.sync_filesystem()?;
             rec.journal.sync()?;
             rec.transcript.flush()?;
         }

@@ -14,6 +14,7 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::fsutil;
@@ -30,6 +31,8 @@ pub struct Journal {
     /// `O_APPEND`; written only under `state`'s lock, synced outside it.
     file: File,
     state: Mutex<State>,
+    /// An append since the last sync was not synced (for [`Journal::sync_if_needed`]).
+    unsynced: AtomicBool,
 }
 
 struct State {
@@ -65,6 +68,7 @@ impl Journal {
                 max_seq,
                 dirty_tail: false,
             }),
+            unsynced: AtomicBool::new(false),
         })
     }
 
@@ -105,15 +109,29 @@ impl Journal {
         drop(st);
         if sync {
             self.sync()?;
+        } else {
+            self.unsynced.store(true, Ordering::Release);
         }
         Ok(())
     }
 
-    /// fdatasyncs the journal.
+    /// fdatasyncs the journal (counted, see [`crate::durability`]).
     pub fn sync(&self) -> io::Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| fsutil::with_path(&self.path, "syncing", e))
+        // Cleared first: an append racing this sync sets it again and is synced next time.
+        self.unsynced.store(false, Ordering::Release);
+        crate::durability::sync_file(&self.file, true).map_err(|e| {
+            self.unsynced.store(true, Ordering::Release);
+            fsutil::with_path(&self.path, "syncing", e)
+        })
+    }
+
+    /// fdatasyncs the journal if an append since the last sync was not synced. Returns
+    /// whether it synced.
+    pub fn sync_if_needed(&self) -> io::Result<bool> {
+        if !self.unsynced.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        self.sync().map(|()| true)
     }
 
     /// Truncates the journal to empty if every record in it has `seq <= durable_seq`, i.e.

@@ -53,12 +53,17 @@ pub const GATHER_WINDOW: std::time::Duration = std::time::Duration::from_millis(
 /// [`TranscriptWriter::set_on_durable`].
 pub type DurableCallback = Box<dyn Fn(u64) + Send>;
 
+/// Called on the writer thread before records are written; see
+/// [`TranscriptWriter::set_before_commit`].
+pub type BeforeCommit = Box<dyn Fn() -> io::Result<()> + Send>;
+
 type Reply = Sender<io::Result<u64>>;
 
 enum Msg {
     Append(Record),
     Flush(Reply),
     OnDurable(DurableCallback),
+    BeforeCommit(BeforeCommit),
     Rewrite(Vec<Record>, Reply),
 }
 
@@ -107,6 +112,7 @@ impl TranscriptWriter {
             last_error: None,
             sticky: None,
             on_durable: None,
+            before_commit: None,
             #[cfg(test)]
             fail_writes: fail_writes.clone(),
         };
@@ -172,6 +178,23 @@ impl TranscriptWriter {
         {
             log::error!(
                 "{}: transcript writer has stopped; on_durable callback not set",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Registers `f`, replacing any previous one; it runs on the writer thread before each
+    /// batch (and each [`rewrite`](Self::rewrite)) is written. If it fails, the batch is not
+    /// written and is retried later, as after a failed write. The history system uses it to
+    /// make the store's objects durable before any record naming them can be, so a durable
+    /// transcript never points at an object a power loss took. Same channel-order rules and
+    /// restrictions on `f` as [`set_on_durable`](Self::set_on_durable).
+    pub fn set_before_commit(&self, f: BeforeCommit) {
+        if let Some(tx) = &self.tx
+            && tx.send(Msg::BeforeCommit(f)).is_err()
+        {
+            log::error!(
+                "{}: transcript writer has stopped; before_commit callback not set",
                 self.path.display()
             );
         }
@@ -264,6 +287,7 @@ struct Worker {
     /// A non-retryable error for the next `flush` to report.
     sticky: Option<io::Error>,
     on_durable: Option<DurableCallback>,
+    before_commit: Option<BeforeCommit>,
     #[cfg(test)]
     fail_writes: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -326,6 +350,7 @@ impl Worker {
             Msg::Append(record) => self.accept(&record),
             Msg::Flush(reply) => waiters.push(reply),
             Msg::OnDurable(f) => self.on_durable = Some(f),
+            Msg::BeforeCommit(f) => self.before_commit = Some(f),
             Msg::Rewrite(records, reply) => {
                 let _ = reply.send(self.rewrite(&records));
             }
@@ -414,6 +439,7 @@ impl Worker {
             fsutil::sync_parent_dir(&self.path)?;
             self.dir_unsynced = false;
         }
+        self.run_before_commit()?;
         // Until the fdatasync succeeds, what is past good_len cannot be trusted.
         self.dirty_tail = true;
         #[cfg(test)]
@@ -442,7 +468,16 @@ impl Worker {
         Ok(self.durable_seq)
     }
 
+    fn run_before_commit(&self) -> io::Result<()> {
+        match &self.before_commit {
+            Some(f) => catch_unwind(AssertUnwindSafe(f))
+                .unwrap_or_else(|_| Err(io::Error::other("before_commit callback panicked"))),
+            None => Ok(()),
+        }
+    }
+
     fn rewrite(&mut self, records: &[Record]) -> io::Result<u64> {
+        self.run_before_commit()?;
         let replaced = replace(&self.path, records)?;
         // The rename happened: from here on the old descriptor points at an unlinked file.
         self.file = replaced.file;
