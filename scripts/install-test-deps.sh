@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # scripts/install-test-deps.sh — installs what the tests need when it is missing
-# (Debian packages, pjdfstest and fsx, pjdfstest's second user, a git identity).
+# (Debian packages, pjdfstest and fsx, xfstests built from the pinned source in
+# ../shared/xfstests, the suites' dummy users, a git identity).
 # Idempotent; called by scripts/test.sh, so the README's test command is all the set-up
 # a fresh machine needs. Needs root for apt-get and useradd.
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    echo "usage: scripts/install-test-deps.sh   (installs missing test prerequisites; idempotent)"
+    cat <<'EOF'
+usage: scripts/install-test-deps.sh   (installs missing test prerequisites; idempotent)
+
+Environment: XFSTESTS_TARBALL (default: the first of ../shared/xfstests/xfstests-63a29724.tar.gz
+  and ../../shared/... relative to the repo), XFSTESTS_DIR (build cache, default
+  /var/tmp/checkpointfs-xfstests; the built tree is $XFSTESTS_DIR/63a29724/xfstests).
+EOF
     exit 0
 fi
 T0=$EPOCHREALTIME
@@ -37,6 +44,21 @@ if [[ ${#missing[@]} -gt 0 ]]; then
             || { echo "ci: ERROR: ${PKG_CMD[$p]} (package $p) is still missing" >&2; exit 1; }
     done
 fi
+# xfstests' build and run-time deps (no command to probe for the -dev packages: ask dpkg)
+XFSTESTS_PKGS=(build-essential autoconf automake libtool libtool-bin pkg-config uuid-dev
+    uuid-runtime libattr1-dev libacl1-dev libaio-dev liburing-dev libcap-dev xfsprogs
+    xfslibs-dev libgdbm-dev libgdbm-compat-dev libssl-dev gawk bc attr acl psmisc quota
+    e2fsprogs fio perl sed)
+missing=()
+for p in "${XFSTESTS_PKGS[@]}"; do
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+    say "installing xfstests' Debian packages (missing: ${missing[*]})"
+    apt-get update -q || say "warning: apt-get update failed"
+    apt-get install -y -q --no-install-recommends "${XFSTESTS_PKGS[@]}" \
+        || { echo "ci: ERROR: apt-get install ${missing[*]} failed" >&2; exit 1; }
+fi
 command -v cargo >/dev/null || { echo "ci: ERROR: cargo not found (PATH=$PATH)" >&2; exit 1; }
 [[ -c /dev/fuse ]] || modprobe fuse 2>/dev/null || true
 [[ -c /dev/fuse ]] || { echo "ci: ERROR: /dev/fuse is missing" >&2; exit 1; }
@@ -51,6 +73,63 @@ for spec in "pjdfstest:$PJDFSTEST_VERSION" "fsx:$FSX_VERSION"; do
         cargo install --locked "$crate@$ver"
     fi
 done
+
+# ---- xfstests (pinned source from ../shared, built once into a cache outside the repo) ---
+# The tree is built from the tarball as is; tests/posix/xfstests-fuse.patch (the FSTYP=fuse
+# glue, shell only) is applied on top, and re-applied to pristine copies of the files it
+# touches whenever the patch changes, so editing it needs no rebuild.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+XFSTESTS_REV=63a29724
+XFSTESTS_PATCH=$ROOT/tests/posix/xfstests-fuse.patch
+if [[ -z ${XFSTESTS_TARBALL:-} ]]; then
+    for c in "$ROOT/../shared/xfstests" "$ROOT/../../shared/xfstests"; do
+        if [[ -f $c/xfstests-$XFSTESTS_REV.tar.gz ]]; then
+            XFSTESTS_TARBALL=$c/xfstests-$XFSTESTS_REV.tar.gz
+            break
+        fi
+    done
+fi
+XFSTESTS_DIR=${XFSTESTS_DIR:-/var/tmp/checkpointfs-xfstests}
+XT=$XFSTESTS_DIR/$XFSTESTS_REV/xfstests
+if [[ ! -f $XT/.cpfs-built ]]; then
+    if [[ -z ${XFSTESTS_TARBALL:-} || ! -f $XFSTESTS_TARBALL ]]; then
+        say "warning: xfstests source not found (../shared/xfstests/xfstests-$XFSTESTS_REV.tar.gz beside the repo, or set XFSTESTS_TARBALL); scripts/posix-suites.sh will refuse to run xfstests"
+    else
+        say "building xfstests $XFSTESTS_REV from $XFSTESTS_TARBALL into $XT"
+        rm -rf -- "$XFSTESTS_DIR/$XFSTESTS_REV"
+        mkdir -p "$XFSTESTS_DIR/$XFSTESTS_REV"
+        tar xzf "$XFSTESTS_TARBALL" -C "$XFSTESTS_DIR/$XFSTESTS_REV"
+        [[ -x $XT/check ]] || { echo "ci: ERROR: $XFSTESTS_TARBALL has no xfstests/check" >&2; exit 1; }
+        if ! make -C "$XT" -j"$(nproc)" > "$XT/.cpfs-build.log" 2>&1; then
+            tail -n 40 "$XT/.cpfs-build.log" >&2
+            echo "ci: ERROR: building xfstests failed (full log $XT/.cpfs-build.log)" >&2
+            exit 1
+        fi
+        cp -- "$XFSTESTS_TARBALL" "$XT/.cpfs-source.tar.gz"   # pristine files for re-patching
+        touch "$XT/.cpfs-built"
+        say "built xfstests"
+    fi
+fi
+if [[ -f $XT/.cpfs-built ]]; then
+    want=$(sha256sum < "$XFSTESTS_PATCH" | cut -d' ' -f1)
+    if [[ $(cat "$XT/.cpfs-patched" 2>/dev/null) != "$want" ]]; then
+        mapfile -t pfiles < <(sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$XFSTESTS_PATCH")
+        if [[ ${#pfiles[@]} -gt 0 ]]; then
+            tar xzf "$XT/.cpfs-source.tar.gz" -C "$XT/.." "${pfiles[@]/#/xfstests/}"
+            patch -d "$XT" -p1 --forward --no-backup-if-mismatch -s < "$XFSTESTS_PATCH" \
+                || { echo "ci: ERROR: $XFSTESTS_PATCH does not apply to xfstests $XFSTESTS_REV" >&2; exit 1; }
+        fi
+        echo "$want" > "$XT/.cpfs-patched"
+        say "applied $(basename "$XFSTESTS_PATCH") to $XT (${pfiles[*]})"
+    fi
+fi
+
+# ---- xfstests' optional users (tests needing them are "not run" without) -------------
+for u in fsgqa fsgqa2 123456-fsgqa; do
+    getent passwd "$u" >/dev/null || useradd -m "$u" 2>/dev/null \
+        || say "warning: could not create user $u"
+done
+getent group fsgqa >/dev/null || groupadd fsgqa 2>/dev/null || true
 
 # ---- pjdfstest's second dummy user ------------------------------------------------------
 if ! getent passwd pjdtests >/dev/null; then

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# scripts/posix-suites.sh — external POSIX suites (pjdfstest + fsx) against a checkpointfs
-# mount, compared with a plain ext4 baseline run in the same invocation.
+# scripts/posix-suites.sh — external POSIX suites (pjdfstest, fsx, xfstests) against
+# checkpointfs mounts, compared with a plain ext4 baseline run in the same invocation.
 # Run with --help for usage. Adapted from the maintainers' shared/bench/posix.sh.
 set -euo pipefail
 export LC_ALL=C
 
 usage() {
     cat <<'EOF'
-usage: scripts/posix-suites.sh [--no-passthrough] [--baseline-only] [--bin PATH]
-                               [--results DIR] [--summary FILE] [--help]
+usage: scripts/posix-suites.sh [--no-passthrough] [--only SUITES] [--no-xfstests]
+                               [--baseline-only] [--bin PATH] [--results DIR]
+                               [--summary FILE] [--help]
 
 Mounts a fresh temporary SRC (on the root disk under $POSIX_WORKDIR, default /var/tmp;
 never tmpfs) at a temporary MNT with `checkpointfs mount --allow-other` (plus
@@ -21,12 +22,21 @@ never tmpfs) at a temporary MNT with `checkpointfs mount --allow-other` (plus
   2. fsx (crate fsx) on a file in the mount, seed 42, $FSX_OPS (>= 20,000) ops each:
      the default op mix and the extended mix (posix_fallocate, punch_hole,
      copy_file_range, sendfile, posix_fadvise). Must complete cleanly.
+  3. xfstests (built by scripts/install-test-deps.sh from ../shared/xfstests, with
+     tests/posix/xfstests-fuse.patch), group generic/quick: first on plain ext4 (TEST_DEV
+     and SCRATCH_DEV ext4 loop images), then through checkpointfs (FSTYP=fuse,
+     FUSE_SUBTYP=.checkpointfs, mounted by mount(8) via mount-scripts/mount.fuse.checkpointfs,
+     installed as /sbin/mount.fuse.checkpointfs for the run; TEST_DEV/SCRATCH_DEV are SRC
+     dirs on identical ext4 loop images). FAILS if a test that passes on ext4 fails
+     through checkpointfs, unless tests/posix/xfstests-exceptions.txt lists it.
 
 Needs root (pjdfstest switches users; creates the pjdtests user/group if missing).
 Every mount is unmounted on every exit path; no daemon is left running.
 
 Options:
   --no-passthrough   mount with --no-passthrough (FUSE read/write instead of kernel passthrough)
+  --only SUITES      run only these suites (comma-separated: pjdfstest,fsx,xfstests)
+  --no-xfstests      run pjdfstest and fsx only
   --baseline-only    only run pjdfstest on the ext4 baseline (no binary needed)
   --bin PATH         checkpointfs binary (default: $CHECKPOINTFS_BIN or
                      ${CARGO_TARGET_DIR:-target}/release/checkpointfs)
@@ -36,7 +46,10 @@ Options:
 
 Environment: PJDFSTEST, FSX (default ~/.cargo/bin/...), PJD_TIMEOUT (900 s per run),
   FSX_OPS (20000), FSX_SEED (42), FSX_TIMEOUT (900 s per fsx run), POSIX_WORKDIR
-  (/var/tmp), PJD_SECONDARY_FS (/dev/shm), PJD_USER (pjdtests).
+  (/var/tmp), PJD_SECONDARY_FS (/dev/shm), PJD_USER (pjdtests); for xfstests
+  XFSTESTS_DIR (/var/tmp/checkpointfs-xfstests), XFSTESTS_GROUP (generic/quick),
+  XFSTESTS_TESTS (a test list instead of the group), XFSTESTS_IMG_SIZE (4G per image),
+  XFSTESTS_TIMEOUT (3000 s per file system).
 Exit: 0 all clean; 1 regression / fsx failure / unclean unmount; 2 usage or setup error.
 EOF
 }
@@ -49,6 +62,7 @@ source "$ROOT/scripts/lib/mounts.sh"
 MODE=passthrough
 MOUNT_ARGS=(--allow-other)
 BASELINE_ONLY=0
+SUITES=pjdfstest,fsx,xfstests
 BIN=
 RES=
 SUMMARY=
@@ -56,6 +70,8 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --no-passthrough) MODE=no-passthrough; MOUNT_ARGS+=(--no-passthrough) ;;
         --baseline-only) BASELINE_ONLY=1 ;;
+        --only) SUITES=${2:?--only needs a comma-separated list of pjdfstest,fsx,xfstests}; shift ;;
+        --no-xfstests) SUITES=pjdfstest,fsx ;;
         --bin) BIN=${2:?--bin needs a path}; shift ;;
         --results) RES=${2:?--results needs a dir}; shift ;;
         --summary) SUMMARY=${2:?--summary needs a file}; shift ;;
@@ -66,6 +82,12 @@ while [[ $# -gt 0 ]]; do
 done
 
 die() { echo "posix-suites: ERROR: $*" >&2; exit 2; }
+want() { [[ ,$SUITES, == *,$1,* ]]; }
+IFS=, read -r -a _suites <<<"$SUITES"
+for _s in "${_suites[@]}"; do
+    case $_s in pjdfstest | fsx | xfstests) ;; *) die "unknown suite '$_s' in --only (pjdfstest, fsx, xfstests)" ;; esac
+done
+[[ $BASELINE_ONLY == 0 ]] || SUITES=pjdfstest
 [[ $(id -u) == 0 ]] || die "must run as root (pjdfstest switches users; FUSE mount)"
 
 PJDFSTEST=${PJDFSTEST:-$HOME/.cargo/bin/pjdfstest}
@@ -80,15 +102,19 @@ SECPARENT=${PJD_SECONDARY_FS:-/dev/shm}
 CFG_SRC=$ROOT/tests/posix/pjdfstest-linux.toml
 EXCEPTIONS=$ROOT/tests/posix/known-exceptions.txt
 
-for b in "$PJDFSTEST" "$FSX"; do
-    [[ -x $b ]] || die "missing $b — install with: cargo install --locked pjdfstest fsx"
-done
+want pjdfstest && { [[ -x $PJDFSTEST ]] || die "missing $PJDFSTEST — install with: cargo install --locked pjdfstest (or scripts/install-test-deps.sh)"; }
+want fsx && { [[ -x $FSX ]] || die "missing $FSX — install with: cargo install --locked fsx (or scripts/install-test-deps.sh)"; }
 [[ -f $CFG_SRC ]] || die "missing $CFG_SRC"
 [[ $FSX_OPS -ge 20000 ]] || echo "posix-suites: warning: FSX_OPS=$FSX_OPS is below the required 20000" >&2
 if [[ $BASELINE_ONLY == 0 ]]; then
     [[ -n $BIN ]] || BIN=$(cpfs_find_bin "$ROOT")
     [[ -x $BIN ]] || die "checkpointfs binary not found at $BIN — run 'cargo build --release' first (or --bin PATH)"
     [[ -c /dev/fuse ]] || die "/dev/fuse is missing"
+fi
+# shellcheck source=lib/xfstests.sh
+source "$ROOT/scripts/lib/xfstests.sh"
+if want xfstests; then
+    xfs_check_ready || die "xfstests is not ready (see above)"
 fi
 [[ -d $WORKPARENT ]] || die "POSIX_WORKDIR $WORKPARENT does not exist"
 fstype=$(stat -f -c %T "$WORKPARENT")
@@ -134,7 +160,8 @@ cleanup() {
     local rc=$?
     trap - EXIT INT TERM HUP
     cd /
-    cpfs_kill_child   # interrupted while pjdfstest/fsx ran
+    cpfs_kill_child   # interrupted while pjdfstest/fsx/xfstests ran
+    xfs_cleanup       # xfstests' mounts, loop devices and /sbin helper
     [[ $BASELINE_ONLY == 1 ]] || cpfs_cleanup_all "$BIN" "$DAEMON_LOG"
     if cpfs_any_mount_under "$BASE"; then
         echo "posix-suites: warning: something is still mounted under $BASE; not removing it" >&2
@@ -197,85 +224,72 @@ read_exceptions() {   # names from known-exceptions.txt (comments/blank lines ig
     sed -e 's/#.*//' -e 's/[[:space:]]//g' "$EXCEPTIONS" | awk 'NF' | sort -u
 }
 
-echo "posix-suites: mode=$MODE results=$RES" >&2
-run_pjd ext4 "$NATIVE"
-BASE_RC=$PJD_RC
-read -r _ B_PASS _ B_FAIL _ B_SKIP < "$RES/pjd-ext4.counts"
-if [[ $BASE_RC != 0 && $BASE_RC != 1 ]]; then
-    fail "baseline pjdfstest on ext4 did not complete (rc=$BASE_RC); see $RES/pjd-ext4.log"
-elif [[ $B_PASS -eq 0 ]]; then
-    fail "baseline pjdfstest on ext4 passed nothing; see $RES/pjd-ext4.log"
-fi
-
-if [[ $BASELINE_ONLY == 1 ]]; then
-    echo "pjdfstest baseline ext4: passed $B_PASS failed $B_FAIL skipped $B_SKIP"
-    if [[ -n $SUMMARY ]]; then
-        printf 'MODE=baseline-only\nBASE_PASS=%s\nBASE_FAIL=%s\nBASE_SKIP=%s\nSTATUS=%s\n' \
-            "$B_PASS" "$B_FAIL" "$B_SKIP" "$STATUS" > "$SUMMARY"
+pjd_baseline() {   # pjdfstest on the plain ext4 dir
+    run_pjd ext4 "$NATIVE"
+    BASE_RC=$PJD_RC
+    read -r _ B_PASS _ B_FAIL _ B_SKIP < "$RES/pjd-ext4.counts"
+    if [[ $BASE_RC != 0 && $BASE_RC != 1 ]]; then
+        fail "baseline pjdfstest on ext4 did not complete (rc=$BASE_RC); see $RES/pjd-ext4.log"
+    elif [[ $B_PASS -eq 0 ]]; then
+        fail "baseline pjdfstest on ext4 passed nothing; see $RES/pjd-ext4.log"
     fi
-    exit "$STATUS"
-fi
-
-# ---- mount --------------------------------------------------------------------------------
-cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" "${MOUNT_ARGS[@]}" \
-    || { fail "could not mount $SRC at $MNT (${MOUNT_ARGS[*]})"; exit 1; }
-echo "posix-suites: mounted $SRC at $MNT (${MOUNT_ARGS[*]})" >&2
-
-run_pjd mount "$MNT"
-MOUNT_RC=$PJD_RC
-read -r _ M_PASS _ M_FAIL _ M_SKIP < "$RES/pjd-mount.counts"
-[[ $MOUNT_RC == 0 || $MOUNT_RC == 1 ]] \
-    || fail "pjdfstest on the mount did not complete (rc=$MOUNT_RC: timeout or crash); see $RES/pjd-mount.log"
-
-# ---- compare with the baseline ------------------------------------------------------------
-read_exceptions > "$RES/exceptions.list"
-sort -u "$RES/pjd-ext4.pass" > "$RES/base.pass.sorted"
-sort -u "$RES/pjd-mount.pass" > "$RES/mount.pass.sorted"
-sort -u "$RES/pjd-mount.fail" > "$RES/mount.fail.sorted"
-sort -u "$RES/pjd-mount.skip" > "$RES/mount.skip.sorted"
-# passes on ext4 but not on the mount
-comm -23 "$RES/base.pass.sorted" "$RES/mount.pass.sorted" > "$RES/not-passing.all"
-comm -23 "$RES/not-passing.all" "$RES/exceptions.list" > "$RES/regressions"
-comm -12 "$RES/not-passing.all" "$RES/exceptions.list" > "$RES/excepted"
-# failing on the mount and not passing on ext4 either (tolerated)
-comm -23 "$RES/mount.fail.sorted" "$RES/base.pass.sorted" > "$RES/also-fail-on-ext4"
-# exceptions that are no longer needed
-comm -12 "$RES/exceptions.list" "$RES/mount.pass.sorted" > "$RES/stale-exceptions"
-N_REG=$(wc -l < "$RES/regressions")
-
-echo "pjdfstest mount ($MODE): passed $M_PASS failed $M_FAIL skipped $M_SKIP; baseline ext4: passed $B_PASS failed $B_FAIL skipped $B_SKIP"
-
-explain() {   # explain NAME — status on mount + first detail lines
-    local n=$1 st
-    if grep -qxF "$n" "$RES/mount.fail.sorted"; then st=FAILED
-    elif grep -qxF "$n" "$RES/mount.skip.sorted"; then st=skipped
-    else st="missing (not run: timeout/crash?)"; fi
-    echo "  $n — $st on mount"
-    awk -F '\t' -v n="$n" '$1 == n { sub(/^[^\t]*\t/, ""); print "      " $0; if (++k == 4) exit }' \
-        "$RES/pjd-mount.details"
 }
-if [[ -s $RES/excepted ]]; then
-    echo "pjdfstest: $(wc -l < "$RES/excepted") test(s) not passing on the mount, listed in known-exceptions.txt:"
-    while read -r n; do explain "$n"; done < "$RES/excepted"
-fi
-if [[ -s $RES/also-fail-on-ext4 ]]; then
-    echo "pjdfstest: $(wc -l < "$RES/also-fail-on-ext4") test(s) fail on the mount but also do not pass on ext4 (tolerated):"
-    sed 's/^/  /' "$RES/also-fail-on-ext4"
-fi
-if [[ -s $RES/stale-exceptions ]]; then
-    echo "pjdfstest: note: now passing, could be removed from known-exceptions.txt: $(tr '\n' ' ' < "$RES/stale-exceptions")"
-fi
-if [[ $N_REG -gt 0 ]]; then
-    echo "pjdfstest: $N_REG REGRESSION(S) vs ext4 (pass on ext4, not on the mount, not in known-exceptions.txt):"
-    while read -r n; do explain "$n"; done < "$RES/regressions"
-    fail "$N_REG pjdfstest test(s) pass on ext4 but not on the checkpointfs mount ($MODE); list: $RES/regressions, log: $RES/pjd-mount.log"
-else
-    echo "pjdfstest: no regressions vs ext4"
-fi
+
+pjd_mount_and_compare() {   # pjdfstest on the mount, compared with the baseline
+    run_pjd mount "$MNT"
+    MOUNT_RC=$PJD_RC
+    read -r _ M_PASS _ M_FAIL _ M_SKIP < "$RES/pjd-mount.counts"
+    [[ $MOUNT_RC == 0 || $MOUNT_RC == 1 ]] \
+        || fail "pjdfstest on the mount did not complete (rc=$MOUNT_RC: timeout or crash); see $RES/pjd-mount.log"
+
+    # ---- compare with the baseline ------------------------------------------------------------
+    read_exceptions > "$RES/exceptions.list"
+    sort -u "$RES/pjd-ext4.pass" > "$RES/base.pass.sorted"
+    sort -u "$RES/pjd-mount.pass" > "$RES/mount.pass.sorted"
+    sort -u "$RES/pjd-mount.fail" > "$RES/mount.fail.sorted"
+    sort -u "$RES/pjd-mount.skip" > "$RES/mount.skip.sorted"
+    # passes on ext4 but not on the mount
+    comm -23 "$RES/base.pass.sorted" "$RES/mount.pass.sorted" > "$RES/not-passing.all"
+    comm -23 "$RES/not-passing.all" "$RES/exceptions.list" > "$RES/regressions"
+    comm -12 "$RES/not-passing.all" "$RES/exceptions.list" > "$RES/excepted"
+    # failing on the mount and not passing on ext4 either (tolerated)
+    comm -23 "$RES/mount.fail.sorted" "$RES/base.pass.sorted" > "$RES/also-fail-on-ext4"
+    # exceptions that are no longer needed
+    comm -12 "$RES/exceptions.list" "$RES/mount.pass.sorted" > "$RES/stale-exceptions"
+    N_REG=$(wc -l < "$RES/regressions")
+
+    echo "pjdfstest mount ($MODE): passed $M_PASS failed $M_FAIL skipped $M_SKIP; baseline ext4: passed $B_PASS failed $B_FAIL skipped $B_SKIP"
+
+    explain() {   # explain NAME — status on mount + first detail lines
+        local n=$1 st
+        if grep -qxF "$n" "$RES/mount.fail.sorted"; then st=FAILED
+        elif grep -qxF "$n" "$RES/mount.skip.sorted"; then st=skipped
+        else st="missing (not run: timeout/crash?)"; fi
+        echo "  $n — $st on mount"
+        awk -F '\t' -v n="$n" '$1 == n { sub(/^[^\t]*\t/, ""); print "      " $0; if (++k == 4) exit }' \
+            "$RES/pjd-mount.details"
+    }
+    if [[ -s $RES/excepted ]]; then
+        echo "pjdfstest: $(wc -l < "$RES/excepted") test(s) not passing on the mount, listed in known-exceptions.txt:"
+        while read -r n; do explain "$n"; done < "$RES/excepted"
+    fi
+    if [[ -s $RES/also-fail-on-ext4 ]]; then
+        echo "pjdfstest: $(wc -l < "$RES/also-fail-on-ext4") test(s) fail on the mount but also do not pass on ext4 (tolerated):"
+        sed 's/^/  /' "$RES/also-fail-on-ext4"
+    fi
+    if [[ -s $RES/stale-exceptions ]]; then
+        echo "pjdfstest: note: now passing, could be removed from known-exceptions.txt: $(tr '\n' ' ' < "$RES/stale-exceptions")"
+    fi
+    if [[ $N_REG -gt 0 ]]; then
+        echo "pjdfstest: $N_REG REGRESSION(S) vs ext4 (pass on ext4, not on the mount, not in known-exceptions.txt):"
+        while read -r n; do explain "$n"; done < "$RES/regressions"
+        fail "$N_REG pjdfstest test(s) pass on ext4 but not on the checkpointfs mount ($MODE); list: $RES/regressions, log: $RES/pjd-mount.log"
+    else
+        echo "pjdfstest: no regressions vs ext4"
+    fi
+}
 
 # ---- fsx ------------------------------------------------------------------------------------
-FSX_OK=0 FSX_BAD=0
-FSXDIR=$(mktemp -d "$MNT/fsx.XXXXXX")
 run_fsx() {   # run_fsx LABEL EXTRA_TOML
     local label=$1 extra=$2 cfg=$RES/$1.toml log=$RES/$1.log art=$RES/$1.artifacts
     mkdir -p "$art"
@@ -314,19 +328,51 @@ EOF
     fi
     rm -f -- "$FSXDIR/$label.dat"
 }
-run_fsx fsx ""
-run_fsx fsx_ext "posix_fallocate = 1
+
+fsx_suite() {
+    FSX_OK=0 FSX_BAD=0
+    FSXDIR=$(mktemp -d "$MNT/fsx.XXXXXX")
+    run_fsx fsx ""
+    run_fsx fsx_ext "posix_fallocate = 1
 punch_hole = 1
 copy_file_range = 1
 sendfile = 1
 posix_fadvise = 1"
-rmdir "$FSXDIR" 2>/dev/null || rm -rf -- "$FSXDIR"
+    rmdir "$FSXDIR" 2>/dev/null || rm -rf -- "$FSXDIR"
+}
 
-# ---- unmount (must be clean) ---------------------------------------------------------------
-if ! cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG"; then
-    fail "'checkpointfs umount $MNT' did not unmount cleanly (fallback needed); see $DAEMON_LOG"
+# ---- main -----------------------------------------------------------------------------------
+echo "posix-suites: mode=$MODE suites=$SUITES results=$RES" >&2
+B_PASS=0 B_FAIL=0 B_SKIP=0 M_PASS=0 M_FAIL=0 M_SKIP=0 N_REG=0 FSX_OK=0 FSX_BAD=0
+XFS_C_PASS=0 XFS_C_FAIL=0 XFS_C_NOTRUN=0 XFS_E_PASS=0 XFS_E_FAIL=0 XFS_E_NOTRUN=0 XFS_REG=0
+want pjdfstest && pjd_baseline
+
+if [[ $BASELINE_ONLY == 1 ]]; then
+    echo "pjdfstest baseline ext4: passed $B_PASS failed $B_FAIL skipped $B_SKIP"
+    if [[ -n $SUMMARY ]]; then
+        printf 'MODE=baseline-only\nBASE_PASS=%s\nBASE_FAIL=%s\nBASE_SKIP=%s\nSTATUS=%s\n' \
+            "$B_PASS" "$B_FAIL" "$B_SKIP" "$STATUS" > "$SUMMARY"
+    fi
+    exit "$STATUS"
 fi
-CPFS_MOUNTS=()
+
+if want pjdfstest || want fsx; then
+    # ---- mount --------------------------------------------------------------------------------
+    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" "${MOUNT_ARGS[@]}" \
+        || { fail "could not mount $SRC at $MNT (${MOUNT_ARGS[*]})"; exit 1; }
+    echo "posix-suites: mounted $SRC at $MNT (${MOUNT_ARGS[*]})" >&2
+    want pjdfstest && pjd_mount_and_compare
+    want fsx && fsx_suite
+
+    # ---- unmount (must be clean) ---------------------------------------------------------------
+    if ! cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG"; then
+        fail "'checkpointfs umount $MNT' did not unmount cleanly (fallback needed); see $DAEMON_LOG"
+    fi
+    CPFS_MOUNTS=()
+fi
+
+# ---- xfstests (own loop images and mounts; see scripts/lib/xfstests.sh) --------------------
+want xfstests && xfs_suite
 
 if [[ -n $SUMMARY ]]; then
     {
@@ -334,11 +380,15 @@ if [[ -n $SUMMARY ]]; then
         echo "BASE_PASS=$B_PASS"; echo "BASE_FAIL=$B_FAIL"; echo "BASE_SKIP=$B_SKIP"
         echo "MOUNT_PASS=$M_PASS"; echo "MOUNT_FAIL=$M_FAIL"; echo "MOUNT_SKIP=$M_SKIP"
         echo "REGRESSIONS=$N_REG"; echo "FSX_OK=$FSX_OK"; echo "FSX_FAIL=$FSX_BAD"
+        echo "SUITES=$SUITES"
+        echo "XFS_CPFS_PASS=$XFS_C_PASS"; echo "XFS_CPFS_FAIL=$XFS_C_FAIL"; echo "XFS_CPFS_NOTRUN=$XFS_C_NOTRUN"
+        echo "XFS_EXT4_PASS=$XFS_E_PASS"; echo "XFS_EXT4_FAIL=$XFS_E_FAIL"; echo "XFS_EXT4_NOTRUN=$XFS_E_NOTRUN"
+        echo "XFS_REGRESSIONS=$XFS_REG"
         echo "STATUS=$STATUS"; echo "RESULTS=$RES"
     } > "$SUMMARY"
 fi
 if [[ $STATUS == 0 ]]; then
-    echo "posix-suites ($MODE): OK — pjdfstest no regressions vs ext4, fsx clean ($FSX_OK runs); results $RES"
+    echo "posix-suites ($MODE, $SUITES): OK — no regressions vs ext4 (pjdfstest ${M_PASS} passed, xfstests ${XFS_C_PASS} passed), fsx clean ($FSX_OK runs); results $RES"
 else
     echo "posix-suites ($MODE): FAILED — see messages above; results $RES" >&2
 fi

@@ -15,16 +15,22 @@ Runs, stopping at the first failure with a clear message:
   5. scripts/posix-suites.sh                    (pjdfstest vs ext4 baseline + fsx,
                                                  default kernel-passthrough mode)
   6. scripts/posix-suites.sh --no-passthrough   (same, FUSE read/write mode)
+  7. scripts/posix-suites.sh --only xfstests    (xfstests generic/quick through
+                                                 checkpointfs vs ext4 loop images,
+                                                 default mode; only with
+                                                 CPFS_XFSTESTS=1 for now, see
+                                                 docs/posix-compliance.md)
 
 Options:
-  --quick     skip the POSIX suites (steps 5 and 6)
+  --quick     skip the POSIX suites (steps 5 to 7)
   -h, --help  this text
 
 Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's
 scratch dir (/var/tmp/cpt.XXXXXX, also used as TMPDIR for cargo test) is unmounted on
 every exit path, and no checkpointfs daemon is left running.
 Environment: CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
-per mode, default 2400), CHECKPOINTFS_BIN (run the POSIX suites against this binary
+per mode, default 2400), XFSTESTS_STEP_TIMEOUT (seconds for step 7, default 3600;
+XFSTESTS_TIMEOUT, default 1500, bounds each file system's ./check), CHECKPOINTFS_BIN (run the POSIX suites against this binary
 instead of the one just built — for testing the harness); the knobs of
 scripts/posix-suites.sh pass through. Logs: target/test-logs/.
 EOF
@@ -48,6 +54,7 @@ source "$ROOT/scripts/lib/mounts.sh"
 
 CARGO_TEST_TIMEOUT=${CARGO_TEST_TIMEOUT:-2400}
 POSIX_SUITES_TIMEOUT=${POSIX_SUITES_TIMEOUT:-2400}
+XFSTESTS_STEP_TIMEOUT=${XFSTESTS_STEP_TIMEOUT:-3600}
 export PATH="${HOME:-/root}/.cargo/bin:$PATH"
 command -v cargo >/dev/null || { echo "test.sh: cargo not found in PATH" >&2; exit 2; }
 # A fresh machine has none of fio, mkfs.btrfs, pjdfstest, fsx...: install what is missing.
@@ -168,9 +175,11 @@ cargo_test() {
 }
 
 posix() {   # posix MODE [args...]
-    local mode=$1 rc=0
+    local mode=$1 rc=0 to=$POSIX_SUITES_TIMEOUT
     shift
-    POSIX_WORKDIR=$TEST_ROOT run_logged "$LOGDIR/posix-$mode.log" "$POSIX_SUITES_TIMEOUT" \
+    [[ $mode != xfstests ]] || to=$XFSTESTS_STEP_TIMEOUT
+    POSIX_WORKDIR=$TEST_ROOT XFSTESTS_TIMEOUT=${XFSTESTS_TIMEOUT:-1500} \
+        run_logged "$LOGDIR/posix-$mode.log" "$to" \
         "$ROOT/scripts/posix-suites.sh" --bin "$BIN" --summary "$LOGDIR/posix-$mode.env" "$@" || rc=$?
     return "$rc"
 }
@@ -192,13 +201,17 @@ fi
 [[ -x $BIN ]] || { CURRENT_STEP="cargo build"; FAIL_HINT="no binary at $BIN"; exit 1; }
 step "cargo test" "see the failing tests above; log $LOGDIR/cargo-test.log" cargo_test
 
-P_PASS=0 P_TOL=0 P_SKIP=0 FSX_OK=0
+P_PASS=0 P_TOL=0 P_SKIP=0 FSX_OK=0 X_PASS=0 X_FAIL=0 X_NR=0
 if [[ $QUICK == 0 ]]; then
     [[ $(id -u) == 0 ]] || { CURRENT_STEP="posix suites"; FAIL_HINT="the POSIX suites need root (or use --quick)"; exit 2; }
     step "posix passthrough" "pjdfstest regression vs ext4 or fsx failure (default mode); log $LOGDIR/posix-passthrough.log" \
-        posix passthrough
+        posix passthrough --no-xfstests
     step "posix no-passthrough" "pjdfstest regression vs ext4 or fsx failure (--no-passthrough); log $LOGDIR/posix-no-passthrough.log" \
-        posix no-passthrough --no-passthrough
+        posix no-passthrough --no-passthrough --no-xfstests
+    # Off by default until the umount(8)-then-mount race is fixed (issue 14): a refused TEST
+    # remount makes every later xfstests test fail. CPFS_XFSTESTS=1 turns it on.
+    [[ ${CPFS_XFSTESTS:-0} == 1 ]] && step "xfstests" "an xfstests test passes on ext4 and fails through checkpointfs (default mode), not listed in tests/posix/xfstests-exceptions.txt; log $LOGDIR/posix-xfstests.log" \
+        posix xfstests --only xfstests
     POSIX_MODES=(passthrough no-passthrough)
     for m in "${POSIX_MODES[@]}"; do
         # shellcheck disable=SC1090
@@ -208,6 +221,12 @@ if [[ $QUICK == 0 ]]; then
         echo "pjdfstest $m: mount passed $mp failed $mf (tolerated) skipped $ms; ext4 passed $bp failed $bf skipped $bs; fsx runs ok $fo"
         P_PASS=$((P_PASS + mp)) P_TOL=$((P_TOL + mf)) P_SKIP=$((P_SKIP + ms)) FSX_OK=$((FSX_OK + fo))
     done
+    if [[ -f $LOGDIR/posix-xfstests.env && ${CPFS_XFSTESTS:-0} == 1 ]]; then
+    # shellcheck disable=SC1090
+    read -r X_PASS X_FAIL X_NR XE_PASS XE_FAIL XE_NR < <(source "$LOGDIR/posix-xfstests.env"
+        echo "$XFS_CPFS_PASS $XFS_CPFS_FAIL $XFS_CPFS_NOTRUN $XFS_EXT4_PASS $XFS_EXT4_FAIL $XFS_EXT4_NOTRUN")
+    echo "xfstests generic/quick: checkpointfs passed $X_PASS failed $X_FAIL (tolerated) not run $X_NR; ext4 passed $XE_PASS failed $XE_FAIL not run $XE_NR"
+    fi
 else
     echo
     echo "test.sh: --quick: skipping the POSIX suites"
@@ -221,4 +240,5 @@ if [[ $QUICK == 0 ]]; then
     echo "posix: pjdfstest $P_PASS passed on the mounts, $P_TOL tolerated failures (known exceptions or failing on ext4 too), $P_SKIP skipped; fsx $FSX_OK/$((2 * ${#POSIX_MODES[@]})) runs clean"
 fi
 # Closing line: every test counted above (tolerated pjdfstest failures count as skipped).
-echo "total: $((T_PASS + P_PASS + FSX_OK)) passed, $T_FAIL failed, $((T_IGN + P_TOL + P_SKIP)) skipped"
+# Tolerated xfstests failures and not-run tests count as skipped too.
+echo "total: $((T_PASS + P_PASS + FSX_OK + X_PASS)) passed, $T_FAIL failed, $((T_IGN + P_TOL + P_SKIP + X_FAIL + X_NR)) skipped"
