@@ -145,7 +145,20 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     if served.is_err() {
         let _ = lazy_unmount(&cfg.mountpoint);
     }
-    info!("unmounted; flushing history");
+    let fds = fs.fd_stats();
+    info!(
+        "unmounted; flushing history (inode fd cache: {} of {} O_PATH fds held, {} given back, \
+         {} reopened by {})",
+        fds.open,
+        fds.budget,
+        fds.evictions,
+        fds.reopens,
+        if fds.handles {
+            "file handle"
+        } else {
+            "parent and name"
+        }
+    );
     control.stop();
     history.shutdown()?;
     if copier.join().is_err() {
