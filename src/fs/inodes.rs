@@ -65,6 +65,8 @@ pub const REMAPPED_BIT: u64 = 1 << 62;
 const FD_RESERVE: u64 = 64;
 /// The smallest budget, whatever the limit.
 const MIN_FD_BUDGET: usize = 32;
+/// Environment variable that lowers the budget (tests: give back and reopen constantly).
+pub const FD_BUDGET_ENV: &str = "CHECKPOINTFS_FD_BUDGET";
 
 /// Coarse recency: bumped whenever a slot is filled, read when an fd is used.
 static CLOCK: AtomicU64 = AtomicU64::new(0);
@@ -298,9 +300,16 @@ impl InodeTable {
     pub fn new(root_fd: OwnedFd) -> io::Result<InodeTable> {
         let st = sys::fstat(root_fd.as_fd())?;
         let limit = soft_fd_limit();
-        let budget = usize::try_from((limit / 2).saturating_sub(FD_RESERVE))
+        let mut budget = usize::try_from((limit / 2).saturating_sub(FD_RESERVE))
             .unwrap_or(usize::MAX)
             .max(MIN_FD_BUDGET);
+        // A smaller budget for tests, to exercise giving back and reopening everywhere.
+        if let Some(small) = std::env::var(FD_BUDGET_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            budget = budget.min(small.max(2));
+        }
         let mount_fd = match file_handle_mount_fd(&root_fd) {
             Ok(fd) => Some(fd),
             Err(e) => {
