@@ -67,6 +67,9 @@ const FD_RESERVE: u64 = 64;
 const MIN_FD_BUDGET: usize = 32;
 /// Environment variable that lowers the budget (tests: give back and reopen constantly).
 pub const FD_BUDGET_ENV: &str = "CHECKPOINTFS_FD_BUDGET";
+/// Environment variable that turns file handles off (tests: reopen by parent and name as
+/// root).
+pub const NO_FILE_HANDLES_ENV: &str = "CHECKPOINTFS_NO_FILE_HANDLES";
 
 /// Coarse recency: bumped whenever a slot is filled, read when an fd is used.
 static CLOCK: AtomicU64 = AtomicU64::new(0);
@@ -310,7 +313,12 @@ impl InodeTable {
         {
             budget = budget.min(small.max(2));
         }
-        let mount_fd = match file_handle_mount_fd(&root_fd) {
+        let tried = if std::env::var_os(NO_FILE_HANDLES_ENV).is_some() {
+            Err(io::Error::other(format!("{NO_FILE_HANDLES_ENV} is set")))
+        } else {
+            file_handle_mount_fd(&root_fd)
+        };
+        let mount_fd = match tried {
             Ok(fd) => Some(fd),
             Err(e) => {
                 info!(
