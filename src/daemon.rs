@@ -36,6 +36,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // Signals go to one thread that turns them into an unmount; block them everywhere else
     // (the mask is inherited by every thread spawned from here on).
     let signals = block_termination_signals()?;
+    raise_fd_limit();
     // Held until this function returns: no gc of the state dir, or second daemon, meanwhile.
     let _state_lock = crate::state_lock::StateLock::acquire(&cfg.state_dir)?;
     // The kernel has applied the caller's umask to every mode it sends; ours must not be
@@ -177,7 +178,20 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     if served.is_err() {
         let _ = lazy_unmount(&cfg.mountpoint);
     }
-    info!("unmounted; flushing history");
+    let fds = fs.fd_stats();
+    info!(
+        "unmounted; flushing history (inode fd cache: {} of {} O_PATH fds held, {} given back, \
+         {} reopened by {})",
+        fds.open,
+        fds.budget,
+        fds.evictions,
+        fds.reopens,
+        if fds.handles {
+            "file handle"
+        } else {
+            "parent and name"
+        }
+    );
     control.stop();
     history.shutdown()?;
     if copier.join().is_err() {
@@ -239,6 +253,45 @@ fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
         ));
     }
     Ok(dev)
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit, as libfuse's passthrough_hp
+/// (`maximize_fd_limit`) does: the daemon holds an fd per open handle and caches O_PATH fds
+/// of inodes the kernel knows (bounded by a budget derived from this limit, see
+/// [`crate::fs::inodes`]). Failure is not fatal: the cache then works within the lower limit.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        warn!(
+            "cannot read RLIMIT_NOFILE: {}; keeping the inherited limit",
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    let before = lim.rlim_cur;
+    if before >= lim.rlim_max {
+        info!("file descriptor limit: {before} (already the hard limit)");
+        return;
+    }
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: `lim` is a valid rlimit; raising the soft limit up to the hard one needs no
+    // privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        warn!(
+            "cannot raise the file descriptor limit from {before} to {}: {}; keeping {before}",
+            lim.rlim_max,
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    info!(
+        "file descriptor limit raised from {before} to {} (the hard limit)",
+        lim.rlim_max
+    );
 }
 
 fn block_termination_signals() -> io::Result<libc::sigset_t> {

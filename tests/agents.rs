@@ -102,37 +102,9 @@ with open("f0", "rb") as f:
     assert!(!log.contains("Not Implemented"), "log:\n{log}");
 }
 
-/// Sets the mode of /dev/fuse for the life of the guard, and puts the original back on
-/// drop (also when the test panics).
-struct DevFuseMode {
-    original: u32,
-}
-
-impl DevFuseMode {
-    fn set(mode: u32) -> DevFuseMode {
-        let original = fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
-        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(mode)).unwrap();
-        DevFuseMode { original }
-    }
-}
-
-impl Drop for DevFuseMode {
-    fn drop(&mut self) {
-        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
-    }
-}
-
 /// The uid and gid of this file's local test user, created if missing.
 fn test_user() -> (u32, u32) {
     common::test_user("cpfs-test-agents")
-}
-
-/// `command args...` as `uid`:`gid` (no supplementary groups), from `/`.
-fn run_as(uid: u32, gid: u32, command: &[&str]) -> std::process::Output {
-    let (u, g) = (uid.to_string(), gid.to_string());
-    let mut args = vec!["--reuid", &u, "--regid", &g, "--clear-groups", "--"];
-    args.extend_from_slice(command);
-    run("setpriv", &args, Path::new("/"))
 }
 
 /// `sh -c script` in `dir` as `uid`:`gid`, asserting success; returns stdout.
@@ -156,12 +128,7 @@ fn a_normal_user_mounts_through_fusermount3() {
     let (uid, gid) = test_user();
     let mut m = TestMount::unmounted(&[]);
     fs::write(m.src.join("notes.txt"), "v1\n").unwrap();
-    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
-    for dir in [&m.src, &m.mnt, &m.state] {
-        for entry in walk(dir) {
-            std::os::unix::fs::lchown(&entry, Some(uid), Some(gid)).unwrap();
-        }
-    }
+    m.give_to(uid, gid);
     let bin = BIN;
     let mnt = m.mnt.to_str().unwrap().to_string();
 
@@ -244,21 +211,6 @@ fn which(tool: &str) -> bool {
         .args(["-c", &format!("command -v {tool}")])
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-/// `dir` and everything below it.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = vec![dir.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        if out[i].is_dir() && !out[i].is_symlink() {
-            for e in fs::read_dir(&out[i]).unwrap() {
-                out.push(e.unwrap().path());
-            }
-        }
-        i += 1;
-    }
-    out
 }
 
 /// Waits until the dead mount at `mnt` answers ENOTCONN (for a moment after the daemon's

@@ -180,7 +180,7 @@ impl Gate {
     /// `None` when the object is no longer reachable (unlinked), so no tree path changes.
     pub fn rel_path_of(&self, inode: &Inode) -> io::Result<Option<Vec<u8>>> {
         use std::os::fd::AsRawFd;
-        let Some(abs) = sys::fd_path(inode.fd.as_raw_fd())? else {
+        let Some(abs) = sys::fd_path(inode.fd()?.as_raw_fd())? else {
             return Ok(None);
         };
         Ok(self.strip_src(&abs))

@@ -10,12 +10,14 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use fuser::BackingId;
 
-use super::inodes::Inode;
+use super::inodes::{Inode, Pin};
 use super::sys::DirStream;
 
 pub struct FileHandle {
     pub fd: OwnedFd,
     pub inode: Arc<Inode>,
+    /// Keeps the inode's O_PATH fd cached while the handle is open (inodes invariant 6).
+    pub _pin: Pin,
     pub writable: bool,
     /// Kept alive while the handle is open (see `Inode::backing`).
     pub backing: Option<Arc<BackingId>>,
@@ -23,6 +25,7 @@ pub struct FileHandle {
 
 pub struct DirHandle {
     pub inode: Arc<Inode>,
+    pub _pin: Pin,
     pub stream: Mutex<DirStream>,
 }
 

@@ -1,37 +1,86 @@
-//! The inode table: FUSE inode numbers → objects in SRC, held by O_PATH file descriptors.
+//! The inode table: FUSE inode numbers → objects in SRC, reached through O_PATH file
+//! descriptors that are cached within a budget and reopened on demand.
 //!
 //! Invariants:
-//! - An entry exists exactly while the kernel holds lookups on it (`lookups > 0`), except
-//!   the root, which is never forgotten. `lookup`/`create`/`mkdir`/`readdirplus` entries add
-//!   one; `forget(n)` subtracts n; at zero the entry and its fd go.
-//! - Objects are identified by `(st_dev, st_ino)`; one entry per object, so hard links share
-//!   an inode number, and renames (of the object or any ancestor) never make an entry stale:
-//!   the fd follows the object, not a path.
-//! - The FUSE inode number of an object on SRC's own filesystem is its inode number there,
-//!   so `st_ino` through MNT equals SRC's, and stays the same when the kernel forgets an
-//!   object and looks it up again (tools keep inode numbers: git's index, `find -inum`,
-//!   hard-link detection in tar/rsync/du), and plain READDIR's d_ino (SRC's) agrees with
-//!   it. Objects elsewhere (mounts inside SRC), or whose number would collide with the
-//!   root's [`ROOT_INO`] or a reserved bit, get a [`REMAPPED_BIT`] number, remembered for
-//!   the daemon's lifetime so that it is stable too.
-//! - A number is reused only when SRC reuses the inode number, which needs the old object
-//!   freed — impossible while its entry (and O_PATH fd) exists, i.e. while the kernel still
-//!   holds it. FUSE allows reusing a node id after FORGET, so generation is always 0.
+//! 1. An entry exists exactly while the kernel holds lookups on it (`lookups > 0`), except
+//!    the root, which is never forgotten. `lookup`/`create`/`mkdir`/`readdirplus` entries add
+//!    one; `forget(n)` subtracts n; at zero the entry goes.
+//! 2. Objects are identified by `(st_dev, st_ino)`; one entry per object, so hard links share
+//!    an inode number. An entry found for a key whose object has a different type is a new
+//!    object that reused the number (the old one was freed while its fd was given back, see
+//!    5): it gets a new entry and number, the old entry stays for the kernel until forgotten.
+//! 3. The FUSE inode number of an object on SRC's own filesystem is its inode number there,
+//!    so `st_ino` through MNT equals SRC's, and stays the same when the kernel forgets an
+//!    object and looks it up again (tools keep inode numbers: git's index, `find -inum`,
+//!    hard-link detection in tar/rsync/du), and plain READDIR's d_ino (SRC's) agrees with
+//!    it. Objects elsewhere (mounts inside SRC), or whose number would collide with the
+//!    root's [`ROOT_INO`], a reserved bit or a live entry (2), get a [`REMAPPED_BIT`]
+//!    number, remembered for the daemon's lifetime so that it is stable too. FUSE allows
+//!    reusing a node id after FORGET, so generation is always 0.
+//! 4. Every entry can reopen its object without a cached fd (its *origin*): the parent
+//!    entry and the name it was last looked up, created or renamed under (all through this
+//!    mount, so the table sees every change of it), and, where the daemon has
+//!    CAP_DAC_READ_SEARCH (root) and SRC's filesystem supports it, a kernel file handle
+//!    taken from the fd before it is given back, reopened with `open_by_handle_at` as
+//!    virtiofsd does. A reopen through the parent and name is accepted only if the fd's
+//!    `(st_dev, st_ino)` and type are the entry's; otherwise, or if the name is gone, the
+//!    reopen fails with ESTALE, which is right only when the object is gone. Two cases keep
+//!    that true: a rename through the mount re-points the moved object's origin, and when
+//!    the origin name of an object with other links is unlinked or renamed over, the entry
+//!    keeps its fd (it is never given back) until a lookup under another name gives it a
+//!    new origin. The root's fd is never given back.
+//! 5. The cached O_PATH fds are bounded by a budget: half the soft RLIMIT_NOFILE minus a
+//!    reserve, leaving the rest to open handles, the store, the transcript and the FUSE
+//!    channels. Over budget, the least recently used fds of idle entries (no open handle,
+//!    not the root, not kept by 4) are given back in a batch. A request holds the fd it
+//!    uses as an `Arc<OwnedFd>` ([`Inode::fd`]), so giving it back only drops the cache's
+//!    reference and never closes an fd under a request. An open that still fails with
+//!    EMFILE/ENFILE gives back half the cache and is retried once.
+//! 6. An entry with an open handle keeps its fd (a handle pins it, see [`Inode::pin`]): the
+//!    object may be unlinked, and the gate still needs the fd to see that.
 //!
-//! Lock order: `InodeTable::inner` is a leaf lock — nothing else is acquired while holding it.
+//! Lock order: `Shared::inner` (the table) → an entry's `fd` slot → `FdCache::registry`;
+//! an entry's `origin` lock is a leaf. No lock is held across a reopen (IO): the slot is
+//! filled after the open, and a concurrent reopen of the same entry just loses the race
+//! and closes its own fd.
 use std::collections::HashMap;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
 use fuser::BackingId;
+use log::{info, warn};
+
+use super::sys::{self, FileId};
 
 pub const ROOT_INO: u64 = 1;
 
 /// Set in the numbers of objects that cannot use their SRC inode number (see the module
 /// docs). Bit 63 is the virtual tree's ([`super::virt::VIRTUAL_BIT`]).
 pub const REMAPPED_BIT: u64 = 1 << 62;
+
+/// Descriptors kept out of the cache's half of the limit (see invariant 5).
+const FD_RESERVE: u64 = 64;
+/// The smallest budget, whatever the limit.
+const MIN_FD_BUDGET: usize = 32;
+/// Environment variable that lowers the budget (tests: give back and reopen constantly).
+pub const FD_BUDGET_ENV: &str = "CHECKPOINTFS_FD_BUDGET";
+/// Environment variable that turns file handles off (tests: reopen by parent and name as
+/// root).
+pub const NO_FILE_HANDLES_ENV: &str = "CHECKPOINTFS_NO_FILE_HANDLES";
+
+/// Coarse recency: bumped whenever a slot is filled, read when an fd is used.
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
@@ -48,13 +97,30 @@ impl ObjectKey {
     }
 }
 
+/// How an entry reopens its object (invariant 4). The root has neither.
+#[derive(Default)]
+struct Origin {
+    parent: Option<Arc<Inode>>,
+    name: CString,
+    handle: Option<FileId>,
+}
+
 pub struct Inode {
     pub ino: u64,
     pub key: ObjectKey,
     /// `st_mode & S_IFMT` at lookup; an object never changes type.
     pub file_type: u32,
-    /// O_PATH | O_NOFOLLOW.
-    pub fd: OwnedFd,
+    /// The cached O_PATH | O_NOFOLLOW fd, `None` while given back.
+    fd: Mutex<Option<Arc<OwnedFd>>>,
+    origin: Mutex<Origin>,
+    /// [`CLOCK`] at the last use of the fd.
+    last_used: AtomicU64,
+    /// Open handles on this entry (invariant 6).
+    pins: AtomicU32,
+    /// The origin name was removed while other links remain (invariant 4).
+    keep: AtomicBool,
+    me: Weak<Inode>,
+    shared: Weak<Shared>,
     lookups: AtomicU64,
     /// The kernel wants one backing file per inode for all passthrough opens; handles hold
     /// the strong references, so the backing id closes when the last handle is released.
@@ -70,6 +136,21 @@ impl std::fmt::Debug for Inode {
     }
 }
 
+/// Keeps an entry's fd cached while a handle is open on it (invariant 6).
+pub struct Pin(Arc<Inode>);
+
+impl Pin {
+    pub fn inode(&self) -> &Arc<Inode> {
+        &self.0
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.0.pins.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Inode {
     pub fn is_dir(&self) -> bool {
         self.file_type == libc::S_IFDIR
@@ -80,6 +161,81 @@ impl Inode {
     pub fn is_regular(&self) -> bool {
         self.file_type == libc::S_IFREG
     }
+
+    /// The O_PATH fd of the object, reopened if it was given back. Hold the returned `Arc`
+    /// only for the request: the cache may give its own reference back at any time.
+    pub fn fd(&self) -> io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = lock(&self.fd).as_ref() {
+            self.last_used
+                .store(CLOCK.load(Ordering::Relaxed), Ordering::Relaxed);
+            return Ok(fd.clone());
+        }
+        let shared = self.shared.upgrade().ok_or_else(|| errno(libc::ESTALE))?;
+        let fresh = shared.reopen(self)?;
+        Ok(shared.install(self, fresh))
+    }
+
+    /// Keeps the fd cached until the returned guard drops. Take it before the handle's own
+    /// open, so the fd that open used cannot be given back in between.
+    pub fn pin(self: &Arc<Self>) -> Pin {
+        self.pins.fetch_add(1, Ordering::Relaxed);
+        Pin(self.clone())
+    }
+
+    fn evictable(&self) -> bool {
+        self.ino != ROOT_INO
+            && self.pins.load(Ordering::Relaxed) == 0
+            && !self.keep.load(Ordering::Relaxed)
+    }
+
+    /// Records `parent`/`name` as where the object is now (invariant 4).
+    fn set_origin(&self, parent: &Arc<Inode>, name: &CStr) {
+        let mut o = lock(&self.origin);
+        let same_parent = o.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, parent));
+        if !same_parent || o.name.as_c_str() != name {
+            o.parent = Some(parent.clone());
+            o.name = name.to_owned();
+        }
+        drop(o);
+        self.keep.store(false, Ordering::Relaxed);
+    }
+
+    fn origin_is(&self, parent: &Inode, name: &CStr) -> bool {
+        let o = lock(&self.origin);
+        o.parent.as_ref().is_some_and(|p| p.key == parent.key) && o.name.as_c_str() == name
+    }
+}
+
+impl Drop for Inode {
+    fn drop(&mut self) {
+        if self
+            .fd
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+            && let Some(shared) = self.shared.upgrade()
+        {
+            shared.cache.open.fetch_sub(1, Ordering::Relaxed);
+            lock(&shared.cache.registry).remove(&(self as *const Inode as usize));
+        }
+    }
+}
+
+/// The bounded set of cached fds (invariant 5).
+struct FdCache {
+    budget: usize,
+    /// Filled slots, i.e. O_PATH fds the cache holds.
+    open: AtomicUsize,
+    /// Entries with a filled slot, by address; updated under the entry's slot lock.
+    registry: Mutex<HashMap<usize, Weak<Inode>>>,
+    /// One batch of give-backs at a time for the budget (an EMFILE retry does not wait).
+    evicting: AtomicBool,
+    /// `open_by_handle_at` works here (checked once at start).
+    handles: bool,
+    evictions: AtomicU64,
+    reopens: AtomicU64,
+    warned_emfile: AtomicBool,
+    warned_handle: AtomicBool,
 }
 
 #[derive(Default)]
@@ -91,94 +247,247 @@ struct Inner {
     remapped: HashMap<ObjectKey, u64>,
 }
 
-pub struct InodeTable {
+struct Shared {
     inner: RwLock<Inner>,
+    cache: FdCache,
+    /// `open_by_handle_at`'s mount fd (SRC's root), when file handles work.
+    mount_fd: Option<OwnedFd>,
     /// SRC's device: objects on it use their own inode number.
     root_dev: u64,
     next_remapped: AtomicU64,
 }
 
+pub struct InodeTable {
+    shared: Arc<Shared>,
+}
+
+/// What the cache did, for the log and the docs' figures.
+pub struct FdStats {
+    pub open: usize,
+    pub budget: usize,
+    pub evictions: u64,
+    pub reopens: u64,
+    pub handles: bool,
+}
+
+/// The soft RLIMIT_NOFILE (1024 if it cannot be read).
+fn soft_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// The mount fd for `open_by_handle_at` if objects can be reopened by file handle: tried
+/// once on the root, as the capability check (CAP_DAC_READ_SEARCH) and the filesystem's
+/// support both show there. (The mount fd must be a real open, not O_PATH: the kernel
+/// refuses those with EBADF.)
+fn file_handle_mount_fd(root: &OwnedFd) -> Result<OwnedFd, io::Error> {
+    let mount_fd = sys::openat(
+        root.as_fd(),
+        sys::DOT,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+    )?;
+    let id = FileId::of(root.as_fd())?;
+    id.open(mount_fd.as_fd(), libc::O_PATH)?;
+    Ok(mount_fd)
+}
+
 impl InodeTable {
     pub fn new(root_fd: OwnedFd) -> io::Result<InodeTable> {
-        let st = super::sys::fstat(root_fd.as_fd())?;
-        let root = Arc::new(Inode {
-            ino: ROOT_INO,
-            key: ObjectKey::of(&st),
-            file_type: st.st_mode & libc::S_IFMT,
-            fd: root_fd,
-            lookups: AtomicU64::new(1),
-            backing: Mutex::new(Weak::new()),
+        let st = sys::fstat(root_fd.as_fd())?;
+        let limit = soft_fd_limit();
+        let mut budget = usize::try_from((limit / 2).saturating_sub(FD_RESERVE))
+            .unwrap_or(usize::MAX)
+            .max(MIN_FD_BUDGET);
+        // A smaller budget for tests, to exercise giving back and reopening everywhere.
+        if let Some(small) = std::env::var(FD_BUDGET_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            budget = budget.min(small.max(2));
+        }
+        let tried = if std::env::var_os(NO_FILE_HANDLES_ENV).is_some() {
+            Err(io::Error::other(format!("{NO_FILE_HANDLES_ENV} is set")))
+        } else {
+            file_handle_mount_fd(&root_fd)
+        };
+        let mount_fd = match tried {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                info!(
+                    "file handles unavailable ({e}: open_by_handle_at needs CAP_DAC_READ_SEARCH \
+                     and a filesystem that exports handles); idle inodes are reopened by \
+                     parent and name"
+                );
+                None
+            }
+        };
+        let handles = mount_fd.is_some();
+        info!(
+            "inode fd cache: up to {budget} O_PATH fds (soft limit {limit}), reopened by {}",
+            if handles {
+                "file handle"
+            } else {
+                "parent and name"
+            }
+        );
+        let root_fd = Arc::new(root_fd);
+        let shared = Arc::new_cyclic(|weak_shared: &Weak<Shared>| {
+            let root = Arc::new_cyclic(|me| Inode {
+                ino: ROOT_INO,
+                key: ObjectKey::of(&st),
+                file_type: st.st_mode & libc::S_IFMT,
+                fd: Mutex::new(Some(root_fd.clone())),
+                origin: Mutex::new(Origin::default()),
+                last_used: AtomicU64::new(0),
+                pins: AtomicU32::new(0),
+                keep: AtomicBool::new(true),
+                me: me.clone(),
+                shared: weak_shared.clone(),
+                lookups: AtomicU64::new(1),
+                backing: Mutex::new(Weak::new()),
+            });
+            let mut inner = Inner::default();
+            inner.by_key.insert(root.key, ROOT_INO);
+            let mut registry = HashMap::new();
+            registry.insert(Arc::as_ptr(&root) as usize, Arc::downgrade(&root));
+            inner.by_ino.insert(ROOT_INO, root);
+            Shared {
+                inner: RwLock::new(inner),
+                cache: FdCache {
+                    budget,
+                    open: AtomicUsize::new(1),
+                    registry: Mutex::new(registry),
+                    evicting: AtomicBool::new(false),
+                    handles,
+                    evictions: AtomicU64::new(0),
+                    reopens: AtomicU64::new(0),
+                    warned_emfile: AtomicBool::new(false),
+                    warned_handle: AtomicBool::new(false),
+                },
+                mount_fd,
+                root_dev: st.st_dev,
+                next_remapped: AtomicU64::new(1),
+            }
         });
-        let mut inner = Inner::default();
-        inner.by_key.insert(root.key, ROOT_INO);
-        inner.by_ino.insert(ROOT_INO, root);
-        Ok(InodeTable {
-            inner: RwLock::new(inner),
-            root_dev: st.st_dev,
-            next_remapped: AtomicU64::new(1),
-        })
+        Ok(InodeTable { shared })
     }
 
     /// The entry for a FUSE inode number; ENOENT-style `None` for unknown numbers (a
     /// misbehaving kernel or a race with forget must not crash the daemon).
     pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
-        self.read().by_ino.get(&ino).cloned()
+        self.shared.read().by_ino.get(&ino).cloned()
     }
 
-    /// Adds one lookup to the object `key`, if it is known. Saves opening an fd.
-    pub fn lookup_known(&self, key: ObjectKey) -> Option<Arc<Inode>> {
-        let inner = self.read();
-        let ino = inner.by_key.get(&key)?;
-        let inode = inner.by_ino.get(ino)?;
-        // Under the read lock, a count never goes from 0 to 1: forget removes an entry
-        // at zero under the write lock.
-        inode.lookups.fetch_add(1, Ordering::Relaxed);
-        Some(inode.clone())
+    /// Adds one lookup to the object `st` describes, if it is known, and records
+    /// `parent`/`name` as its origin. Saves opening an fd.
+    pub fn lookup_known(
+        &self,
+        st: &libc::stat,
+        parent: &Arc<Inode>,
+        name: &CStr,
+    ) -> Option<Arc<Inode>> {
+        let inode = {
+            let inner = self.shared.read();
+            let ino = inner.by_key.get(&ObjectKey::of(st))?;
+            let inode = inner.by_ino.get(ino)?;
+            if inode.file_type != st.st_mode & libc::S_IFMT {
+                return None; // a reused number: lookup_or_insert makes the new entry
+            }
+            // Under the read lock, a count never goes from 0 to 1: forget removes an entry
+            // at zero under the write lock.
+            inode.lookups.fetch_add(1, Ordering::Relaxed);
+            inode.clone()
+        };
+        inode.set_origin(parent, name);
+        Some(inode)
     }
 
     /// The FUSE inode number of the object `key`, if known, without adding a lookup.
     pub fn known_ino(&self, key: ObjectKey) -> Option<u64> {
-        self.read().by_key.get(&key).copied()
+        self.shared.read().by_key.get(&key).copied()
     }
 
-    /// Adds one lookup to the object behind `fd` (whose stat is `st`), inserting it if new.
-    pub fn lookup_or_insert(&self, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
+    /// Adds one lookup to the object behind `fd` (whose stat is `st`, found as `name` in
+    /// `parent`), inserting it if new. `fd` fills the entry's slot if it was given back.
+    pub fn lookup_or_insert(
+        &self,
+        fd: OwnedFd,
+        st: &libc::stat,
+        parent: &Arc<Inode>,
+        name: &CStr,
+    ) -> Arc<Inode> {
         let key = ObjectKey::of(st);
-        let mut inner = self.write();
-        if let Some(ino) = inner.by_key.get(&key).copied()
-            && let Some(inode) = inner.by_ino.get(&ino)
-        {
-            inode.lookups.fetch_add(1, Ordering::Relaxed);
-            return inode.clone();
+        let file_type = st.st_mode & libc::S_IFMT;
+        let (inode, known) = {
+            let mut inner = self.shared.write();
+            match inner.by_key.get(&key).and_then(|ino| inner.by_ino.get(ino)) {
+                Some(inode) if inode.file_type == file_type => {
+                    inode.lookups.fetch_add(1, Ordering::Relaxed);
+                    (inode.clone(), true)
+                }
+                _ => {
+                    let ino = self.number_for(&mut inner, key);
+                    let inode = Arc::new_cyclic(|me| Inode {
+                        ino,
+                        key,
+                        file_type,
+                        fd: Mutex::new(None),
+                        origin: Mutex::new(Origin {
+                            parent: Some(parent.clone()),
+                            name: name.to_owned(),
+                            handle: None,
+                        }),
+                        last_used: AtomicU64::new(0),
+                        pins: AtomicU32::new(0),
+                        keep: AtomicBool::new(false),
+                        me: me.clone(),
+                        shared: Arc::downgrade(&self.shared),
+                        lookups: AtomicU64::new(1),
+                        backing: Mutex::new(Weak::new()),
+                    });
+                    inner.by_key.insert(key, ino);
+                    inner.by_ino.insert(ino, inode.clone());
+                    (inode, false)
+                }
+            }
+        };
+        if known {
+            inode.set_origin(parent, name);
         }
-        let ino = self.number_for(&mut inner, key);
-        let inode = Arc::new(Inode {
-            ino,
-            key,
-            file_type: st.st_mode & libc::S_IFMT,
-            fd,
-            lookups: AtomicU64::new(1),
-            backing: Mutex::new(Weak::new()),
-        });
-        inner.by_key.insert(key, ino);
-        inner.by_ino.insert(ino, inode.clone());
+        // A known entry whose slot is empty may be a new object under a reused number:
+        // its old file handle must not be used (a new one is taken at the next give-back).
+        if self.shared.install_if_empty(&inode, fd) && known {
+            lock(&inode.origin).handle = None;
+        }
         inode
     }
 
     /// The FUSE inode number for a new entry of object `key` (see the module docs).
     fn number_for(&self, inner: &mut Inner, key: ObjectKey) -> u64 {
         let reserved = REMAPPED_BIT | super::virt::VIRTUAL_BIT;
-        if key.dev == self.root_dev
+        if key.dev == self.shared.root_dev
             && key.ino != ROOT_INO
             && key.ino & reserved == 0
             && !inner.by_ino.contains_key(&key.ino)
         {
             return key.ino;
         }
-        *inner
-            .remapped
-            .entry(key)
-            .or_insert_with(|| REMAPPED_BIT | self.next_remapped.fetch_add(1, Ordering::Relaxed))
+        if let Some(&ino) = inner.remapped.get(&key)
+            && !inner.by_ino.contains_key(&ino)
+        {
+            return ino;
+        }
+        let ino = REMAPPED_BIT | self.shared.next_remapped.fetch_add(1, Ordering::Relaxed);
+        inner.remapped.insert(key, ino);
+        ino
     }
 
     /// Drops `n` lookups; the entry goes at zero. Unknown inodes are ignored (forget has no
@@ -187,7 +496,7 @@ impl InodeTable {
         if ino == ROOT_INO {
             return;
         }
-        let mut inner = self.write();
+        let mut inner = self.shared.write();
         let Some(inode) = inner.by_ino.get(&ino) else {
             drop(inner);
             log::warn!("forget of unknown inode {ino}");
@@ -206,16 +515,250 @@ impl InodeTable {
             inner.by_key.remove(&key);
         }
         drop(inner);
-        // The fd closes here (unless a request still holds the inode), outside the lock: the
-        // kernel sends forgets by the thousand when it drops its caches, while lookups wait.
+        // The fd closes here (unless a request or a child's origin still holds the inode),
+        // outside the lock: the kernel sends forgets by the thousand when it drops its
+        // caches, while lookups wait.
         drop(gone);
     }
 
+    /// Whether origins must be kept right across unlinks and renames over (invariant 4):
+    /// when reopening goes by parent and name.
+    pub fn tracks_names(&self) -> bool {
+        !self.shared.cache.handles
+    }
+
+    /// `name` in `parent`, an object `st` describes, was renamed to `new_name` in
+    /// `new_parent` through the mount: re-point its origin.
+    pub fn renamed(&self, st: &libc::stat, new_parent: &Arc<Inode>, new_name: &CStr) {
+        if let Some(inode) = self
+            .shared
+            .current(ObjectKey::of(st), st.st_mode & libc::S_IFMT)
+        {
+            inode.set_origin(new_parent, new_name);
+        }
+    }
+
+    /// `name` in `parent`, an object `st` describes, is about to be unlinked or renamed
+    /// over: if it is that object's origin and other links remain, keep its fd from now on
+    /// (invariant 4). Only needed when [`InodeTable::tracks_names`]. Never fails the
+    /// operation: an object that cannot be reopened now could not be later either.
+    pub fn name_going(&self, st: &libc::stat, parent: &Inode, name: &CStr) {
+        if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return; // the object goes with its name
+        }
+        let Some(inode) = self
+            .shared
+            .current(ObjectKey::of(st), st.st_mode & libc::S_IFMT)
+        else {
+            return;
+        };
+        if !inode.origin_is(parent, name) {
+            return;
+        }
+        // Keep first, then make sure the fd is there: a give-back in between is then
+        // impossible.
+        inode.keep.store(true, Ordering::Relaxed);
+        if let Err(e) = inode.fd() {
+            log::debug!("inode {}: cannot keep its fd: {e}", inode.ino);
+        }
+    }
+
+    /// Runs an open; on EMFILE/ENFILE gives back half the cached fds and retries once.
+    pub fn retry_on_emfile<T>(&self, f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+        self.shared.retry_on_emfile(f)
+    }
+
+    pub fn fd_stats(&self) -> FdStats {
+        let c = &self.shared.cache;
+        FdStats {
+            open: c.open.load(Ordering::Relaxed),
+            budget: c.budget,
+            evictions: c.evictions.load(Ordering::Relaxed),
+            reopens: c.reopens.load(Ordering::Relaxed),
+            handles: c.handles,
+        }
+    }
+}
+
+impl Shared {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The table's entry for object `key` of type `file_type`, if any.
+    fn current(&self, key: ObjectKey, file_type: u32) -> Option<Arc<Inode>> {
+        let inner = self.read();
+        let inode = inner.by_ino.get(inner.by_key.get(&key)?)?;
+        (inode.file_type == file_type).then(|| inode.clone())
+    }
+
+    /// Opens `inode`'s object again from its origin (invariant 4). No lock is held.
+    fn reopen(&self, inode: &Inode) -> io::Result<OwnedFd> {
+        self.cache.reopens.fetch_add(1, Ordering::Relaxed);
+        let (parent, name, handle) = {
+            let o = lock(&inode.origin);
+            (o.parent.clone(), o.name.clone(), o.handle.clone())
+        };
+        if let (Some(handle), Some(mount_fd)) = (handle, &self.mount_fd) {
+            match self.retry_on_emfile(|| handle.open(mount_fd.as_fd(), libc::O_PATH)) {
+                Ok(fd) => return Self::verified(inode, fd),
+                // The handle is the object's identity: ESTALE means it is gone.
+                Err(e) if e.raw_os_error() == Some(libc::ESTALE) => return Err(e),
+                Err(e) => {
+                    if !self.cache.warned_handle.swap(true, Ordering::Relaxed) {
+                        warn!(
+                            "open_by_handle_at failed ({e}); reopening by parent and name \
+                             instead (logged once)"
+                        );
+                    }
+                }
+            }
+        }
+        let Some(parent) = parent else {
+            return Err(errno(libc::ESTALE));
+        };
+        // Prefer the table's entry for the parent: a forgotten parent entry held only by
+        // this origin would miss renames made since (the table's entry sees them).
+        let parent = self.current(parent.key, parent.file_type).unwrap_or(parent);
+        let dir = parent.fd()?;
+        let fd = self
+            .retry_on_emfile(|| sys::openat(dir.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0))
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ENOTDIR) => errno(libc::ESTALE),
+                _ => e,
+            })?;
+        Self::verified(inode, fd)
+    }
+
+    /// `fd` if it is `inode`'s object, ESTALE if the name now holds another one.
+    fn verified(inode: &Inode, fd: OwnedFd) -> io::Result<OwnedFd> {
+        let st = sys::fstat(fd.as_fd())?;
+        if ObjectKey::of(&st) != inode.key || st.st_mode & libc::S_IFMT != inode.file_type {
+            return Err(errno(libc::ESTALE));
+        }
+        Ok(fd)
+    }
+
+    /// Puts `fd` in `inode`'s slot unless another reopen filled it first; returns the fd
+    /// the slot holds.
+    fn install(&self, inode: &Inode, fd: OwnedFd) -> Arc<OwnedFd> {
+        let mut slot = lock(&inode.fd);
+        if let Some(existing) = slot.as_ref() {
+            return existing.clone(); // ours closes on return, after the lock
+        }
+        let fd = Arc::new(fd);
+        *slot = Some(fd.clone());
+        self.filled(inode);
+        drop(slot);
+        self.trim();
+        fd
+    }
+
+    /// Fills an empty slot with `fd` (else closes it); whether it did.
+    fn install_if_empty(&self, inode: &Inode, fd: OwnedFd) -> bool {
+        let mut slot = lock(&inode.fd);
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(Arc::new(fd));
+        self.filled(inode);
+        drop(slot);
+        self.trim();
+        true
+    }
+
+    /// Accounts a slot just filled; called under that slot's lock (see the lock order).
+    fn filled(&self, inode: &Inode) {
+        inode
+            .last_used
+            .store(CLOCK.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.cache.open.fetch_add(1, Ordering::Relaxed);
+        lock(&self.cache.registry).insert(inode as *const Inode as usize, inode.me.clone());
+    }
+
+    /// Over budget: give back the oldest fds down to 7/8 of the budget, one batch at a time.
+    fn trim(&self) {
+        let c = &self.cache;
+        let open = c.open.load(Ordering::Relaxed);
+        if open <= c.budget || c.evicting.swap(true, Ordering::Acquire) {
+            return;
+        }
+        self.give_back(open - c.budget * 7 / 8);
+        c.evicting.store(false, Ordering::Release);
+    }
+
+    /// Gives back up to `n` of the least recently used idle fds (invariant 5).
+    fn give_back(&self, n: usize) {
+        let mut candidates: Vec<Arc<Inode>> = {
+            let registry = lock(&self.cache.registry);
+            registry.values().filter_map(Weak::upgrade).collect()
+        };
+        // Upgraded references drop only after the registry lock is released (an entry's
+        // Drop takes it).
+        candidates.retain(|i| i.evictable());
+        let n = n.min(candidates.len());
+        if n == 0 {
+            return;
+        }
+        candidates.select_nth_unstable_by_key(n - 1, |i| i.last_used.load(Ordering::Relaxed));
+        for inode in &candidates[..n] {
+            self.give_back_one(inode);
+        }
+    }
+
+    fn give_back_one(&self, inode: &Inode) {
+        if self.cache.handles && inode.key.dev == self.root_dev {
+            self.take_handle(inode);
+        }
+        let taken = {
+            let mut slot = lock(&inode.fd);
+            let taken = slot.take();
+            if taken.is_some() {
+                self.cache.open.fetch_sub(1, Ordering::Relaxed);
+                lock(&self.cache.registry).remove(&(inode as *const Inode as usize));
+            }
+            taken
+        };
+        if taken.is_some() {
+            self.cache.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        // Closes the fd here, outside the locks, unless a request still holds it.
+        drop(taken);
+    }
+
+    /// Takes the file handle of `inode` from its fd before the fd is given back (an object
+    /// without one is reopened by parent and name).
+    fn take_handle(&self, inode: &Inode) {
+        if lock(&inode.origin).handle.is_some() {
+            return;
+        }
+        let Some(fd) = lock(&inode.fd).clone() else {
+            return;
+        };
+        if let Ok(id) = FileId::of(fd.as_fd()) {
+            lock(&inode.origin).handle = Some(id);
+        }
+    }
+
+    fn retry_on_emfile<T>(&self, mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+        match f() {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
+                if !self.cache.warned_emfile.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        "out of file descriptors ({e}) with {} cached O_PATH fds: giving half \
+                         of them back and retrying (logged once; raise the hard RLIMIT_NOFILE \
+                         if this repeats)",
+                        self.cache.open.load(Ordering::Relaxed)
+                    );
+                }
+                self.give_back(self.cache.open.load(Ordering::Relaxed) / 2);
+                f()
+            }
+            r => r,
+        }
     }
 }

@@ -189,6 +189,11 @@ impl PassthroughFs {
         }
     }
 
+    /// What the inode fd cache holds and did (inodes invariant 5).
+    pub fn fd_stats(&self) -> inodes::FdStats {
+        self.inodes.fd_stats()
+    }
+
     pub fn passthrough_enabled(&self) -> bool {
         self.passthrough.load(Ordering::Relaxed)
     }
@@ -223,26 +228,38 @@ impl PassthroughFs {
         self.lookup_in(&parent, name)
     }
 
-    fn lookup_in(&self, parent: &Inode, name: &OsStr) -> io::Result<Entry> {
+    fn lookup_in(&self, parent: &Arc<Inode>, name: &OsStr) -> io::Result<Entry> {
         with_name(name, |c| {
             // Open first, then stat the fd: two syscalls for an object not yet in the table
             // (the common case: a tree seen for the first time, or after the kernel dropped
             // its caches), and the stat is of the object we hold, whatever the name is now.
-            let fd = sys::openat(parent.fd.as_fd(), c, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+            let dir = parent.fd()?;
+            let fd = self.inodes.retry_on_emfile(|| {
+                sys::openat(dir.as_fd(), c, libc::O_PATH | libc::O_NOFOLLOW, 0)
+            })?;
+            drop(dir);
             let st = sys::fstat(fd.as_fd())?;
-            let inode = self.inodes.lookup_or_insert(fd, &st);
+            let inode = self.inodes.lookup_or_insert(fd, &st, parent, c);
             Ok(self.entry(&inode, &st))
         })
     }
 
-    /// Registers an object we just created through `fd` (any fd on it).
-    fn adopt_created(&self, fd: BorrowedFd<'_>) -> io::Result<Entry> {
+    /// Registers an object we just created through `fd` (any fd on it) as `name` in
+    /// `parent`.
+    fn adopt_created(
+        &self,
+        fd: BorrowedFd<'_>,
+        parent: &Arc<Inode>,
+        name: &std::ffi::CStr,
+    ) -> io::Result<Entry> {
         let st = sys::fstat(fd)?;
-        if let Some(inode) = self.inodes.lookup_known(inodes::ObjectKey::of(&st)) {
+        if let Some(inode) = self.inodes.lookup_known(&st, parent, name) {
             return Ok(self.entry(&inode, &st));
         }
-        let path_fd = sys::proc_reopen(fd.as_raw_fd(), libc::O_PATH)?;
-        let inode = self.inodes.lookup_or_insert(path_fd, &st);
+        let path_fd = self
+            .inodes
+            .retry_on_emfile(|| sys::proc_reopen(fd.as_raw_fd(), libc::O_PATH))?;
+        let inode = self.inodes.lookup_or_insert(path_fd, &st, parent, name);
         Ok(self.entry(&inode, &st))
     }
 
@@ -269,9 +286,9 @@ impl PassthroughFs {
         let st = match fh.and_then(|fh| self.handles.get(fh)) {
             Some(h) => match &*h {
                 Handle::File(f) => sys::fstat(f.fd.as_fd())?,
-                Handle::Dir(_) => sys::fstat(inode.fd.as_fd())?,
+                Handle::Dir(_) => sys::fstat(inode.fd()?.as_fd())?,
             },
-            None => sys::fstat(inode.fd.as_fd())?,
+            None => sys::fstat(inode.fd()?.as_fd())?,
         };
         Ok((attr_from_stat(ino, &st), TTL))
     }
@@ -309,13 +326,13 @@ impl PassthroughFs {
         if let Some(mode) = set.mode {
             match handle_fd {
                 Some(f) => mutate::fchmod(&permit, f.fd.as_fd(), mode)?,
-                None => mutate::chmod(&permit, inode.fd.as_raw_fd(), mode)?,
+                None => mutate::chmod(&permit, inode.fd()?.as_raw_fd(), mode)?,
             }
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
             let gid = set.gid.unwrap_or(u32::MAX);
-            mutate::chown(&permit, inode.fd.as_fd(), uid, gid)?;
+            mutate::chown(&permit, inode.fd()?.as_fd(), uid, gid)?;
         }
         if let Some(size) = set.size {
             match handle_fd {
@@ -328,7 +345,7 @@ impl PassthroughFs {
                             libc::EINVAL
                         }));
                     }
-                    let fd = mutate::reopen(&permit, inode.fd.as_raw_fd(), libc::O_WRONLY)?;
+                    let fd = mutate::reopen(&permit, inode.fd()?.as_raw_fd(), libc::O_WRONLY)?;
                     mutate::ftruncate(&permit, fd.as_fd(), size)?;
                 }
             }
@@ -337,12 +354,12 @@ impl PassthroughFs {
             let times = [timespec_of(set.atime), timespec_of(set.mtime)];
             match handle_fd {
                 Some(f) => mutate::futimens(&permit, f.fd.as_fd(), &times)?,
-                None => mutate::utimens(&permit, inode.fd.as_raw_fd(), &times)?,
+                None => mutate::utimens(&permit, inode.fd()?.as_raw_fd(), &times)?,
             }
         }
         Self::drop_privs(&permit, &inode, to_drop)?;
         drop(permit);
-        let st = sys::fstat(inode.fd.as_fd())?;
+        let st = sys::fstat(inode.fd()?.as_fd())?;
         Ok((attr_from_stat(ino, &st), TTL))
     }
 
@@ -354,7 +371,7 @@ impl PassthroughFs {
         inode: &Inode,
         rule: fn(u32, u32, &privs::Privilege) -> u32,
     ) -> io::Result<u32> {
-        let st = sys::fstat(inode.fd.as_fd())?;
+        let st = sys::fstat(inode.fd()?.as_fd())?;
         if !privs::has_suidgid(st.st_mode) {
             return Ok(0);
         }
@@ -367,8 +384,8 @@ impl PassthroughFs {
         if bits == 0 {
             return Ok(());
         }
-        let st = sys::fstat(inode.fd.as_fd())?;
-        mutate::chmod(permit, inode.fd.as_raw_fd(), st.st_mode & 0o7777 & !bits)
+        let st = sys::fstat(inode.fd()?.as_fd())?;
+        mutate::chmod(permit, inode.fd()?.as_raw_fd(), st.st_mode & 0o7777 & !bits)
     }
 
     pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
@@ -376,7 +393,7 @@ impl PassthroughFs {
             return self.virt.readlink(self, ino);
         }
         let inode = self.inode(ino)?;
-        sys::readlinkat(inode.fd.as_fd(), sys::EMPTY)
+        sys::readlinkat(inode.fd()?.as_fd(), sys::EMPTY)
     }
 
     // ---- namespace changes ---------------------------------------------------------------
@@ -448,9 +465,11 @@ impl PassthroughFs {
                     is_dir,
                 },
             )?;
+            // Reopened (if need be) as the daemon, not as the caller.
+            let dir = parent.fd()?;
             {
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                make(&permit, parent.fd.as_fd(), c)?;
+                make(&permit, dir.as_fd(), c)?;
             }
             drop(permit);
             self.lookup_in(&parent, name)
@@ -479,7 +498,12 @@ impl PassthroughFs {
                     is_dir: false,
                 },
             )?;
-            mutate::linkat(&permit, inode.fd.as_raw_fd(), new_parent.fd.as_fd(), c)?;
+            mutate::linkat(
+                &permit,
+                inode.fd()?.as_raw_fd(),
+                new_parent.fd()?.as_fd(),
+                c,
+            )?;
             drop(permit);
             self.lookup_in(&new_parent, new_name)
         })
@@ -505,7 +529,13 @@ impl PassthroughFs {
                     is_dir: flags & libc::AT_REMOVEDIR != 0,
                 },
             )?;
-            mutate::unlinkat(&permit, parent.fd.as_fd(), c, flags)
+            let dir = parent.fd()?;
+            if self.inodes.tracks_names()
+                && let Ok(st) = sys::fstatat(dir.as_fd(), c, libc::AT_SYMLINK_NOFOLLOW)
+            {
+                self.inodes.name_going(&st, &parent, c);
+            }
+            mutate::unlinkat(&permit, dir.as_fd(), c, flags)
         })
     }
 
@@ -534,14 +564,25 @@ impl PassthroughFs {
                         exchange: flags & libc::RENAME_EXCHANGE != 0,
                     },
                 )?;
-                mutate::renameat2(
-                    &permit,
-                    parent.fd.as_fd(),
-                    from,
-                    new_parent.fd.as_fd(),
-                    to,
-                    flags,
-                )
+                let (dir, new_dir) = (parent.fd()?, new_parent.fd()?);
+                let stat = |d: &OwnedFd, n| sys::fstatat(d.as_fd(), n, libc::AT_SYMLINK_NOFOLLOW);
+                // The objects involved, for their origins (inodes invariant 4).
+                let (moved, target) = (stat(&dir, from).ok(), stat(&new_dir, to).ok());
+                let exchange = flags & libc::RENAME_EXCHANGE != 0;
+                if let Some(st) = &target
+                    && !exchange
+                    && self.inodes.tracks_names()
+                {
+                    self.inodes.name_going(st, &new_parent, to);
+                }
+                mutate::renameat2(&permit, dir.as_fd(), from, new_dir.as_fd(), to, flags)?;
+                if let Some(st) = &moved {
+                    self.inodes.renamed(st, &new_parent, to);
+                }
+                if let Some(st) = target.as_ref().filter(|_| exchange) {
+                    self.inodes.renamed(st, &parent, from);
+                }
+                Ok(())
             })
         })
     }
@@ -576,29 +617,35 @@ impl PassthroughFs {
             return self.virt.open(self, ino, flags);
         }
         let inode = self.inode(ino)?;
+        let pin = inode.pin();
         let own = Self::own_flags(flags);
         let writable = Self::can_write(flags);
+        let path = inode.fd()?;
+        let retry = |f: &dyn Fn() -> io::Result<OwnedFd>| self.inodes.retry_on_emfile(f);
         let (fd, writes_rules) = if writable {
             let permit = self.gate.permit(caller, Change::Object(&inode))?;
-            let fd = mutate::reopen(&permit, inode.fd.as_raw_fd(), own)?;
+            let fd = retry(&|| mutate::reopen(&permit, path.as_raw_fd(), own))?;
             (fd, permit.touches_rules())
         } else {
-            (sys::reopen_readonly_like(inode.fd.as_raw_fd(), own)?, false)
+            let fd = retry(&|| sys::reopen_readonly_like(path.as_raw_fd(), own))?;
+            (fd, false)
         };
-        self.finish_open(inode, fd, flags, writable, writes_rules, make_backing)
+        drop(path);
+        self.finish_open(pin, fd, flags, writable, writes_rules, make_backing)
     }
 
     /// `writes_rules`: the gate found the file to be one the exclusion rules are read from
     /// (see `Opened::flush_on_close`).
     fn finish_open(
         &self,
-        inode: Arc<Inode>,
+        pin: inodes::Pin,
         fd: OwnedFd,
         flags: i32,
         writable: bool,
         writes_rules: bool,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<Opened> {
+        let inode = pin.inode().clone();
         let backing = if inode.is_regular() && self.passthrough_enabled() {
             self.backing_for(&inode, fd.as_fd(), make_backing)
         } else {
@@ -609,6 +656,7 @@ impl PassthroughFs {
         let fh = self.handles.insert(Handle::File(FileHandle {
             fd,
             inode,
+            _pin: pin,
             writable,
             backing: backing.clone(),
         }));
@@ -668,13 +716,17 @@ impl PassthroughFs {
                         is_dir: false,
                     },
                 )?;
+                // Reopened (if need be) as the daemon, not as the caller.
+                let dir = parent.fd()?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                let fd = mutate::openat(&permit, parent.fd.as_fd(), c, own, mode)?;
+                let fd = self
+                    .inodes
+                    .retry_on_emfile(|| mutate::openat(&permit, dir.as_fd(), c, own, mode))?;
                 (fd, permit.touches_rules())
             };
-            let entry = self.adopt_created(fd.as_fd())?;
-            let inode = self.inode(entry.attr.ino.0)?;
-            let opened = self.finish_open(inode, fd, flags, true, writes_rules, make_backing)?;
+            let entry = self.adopt_created(fd.as_fd(), &parent, c)?;
+            let pin = self.inode(entry.attr.ino.0)?.pin();
+            let opened = self.finish_open(pin, fd, flags, true, writes_rules, make_backing)?;
             Ok((entry, opened))
         })
     }
@@ -871,9 +923,15 @@ impl PassthroughFs {
             return self.virt.opendir(self, ino);
         }
         let inode = self.inode(ino)?;
-        let stream = sys::DirStream::open(inode.fd.as_fd())?;
+        let pin = inode.pin();
+        let path = inode.fd()?;
+        let stream = self
+            .inodes
+            .retry_on_emfile(|| sys::DirStream::open(path.as_fd()))?;
+        drop(path);
         Ok(self.handles.insert(Handle::Dir(DirHandle {
             inode,
+            _pin: pin,
             stream: std::sync::Mutex::new(stream),
         })))
     }
@@ -901,7 +959,9 @@ impl PassthroughFs {
         match name {
             b"." => dir.ino,
             b".." if dir.ino == ROOT_INO => ROOT_INO,
-            b".." => sys::fstatat(dir.fd.as_fd(), c"..", libc::AT_SYMLINK_NOFOLLOW)
+            b".." => dir
+                .fd()
+                .and_then(|fd| sys::fstatat(fd.as_fd(), c"..", libc::AT_SYMLINK_NOFOLLOW))
                 .ok()
                 .and_then(|st| self.inodes.known_ino(inodes::ObjectKey::of(&st)))
                 .unwrap_or(src_ino),
@@ -952,7 +1012,7 @@ impl PassthroughFs {
         &self,
         fh: u64,
         offset: i64,
-        each: &mut dyn FnMut(&Inode, DirEntryOut<'_>) -> io::Result<bool>,
+        each: &mut dyn FnMut(&Arc<Inode>, DirEntryOut<'_>) -> io::Result<bool>,
     ) -> io::Result<()> {
         let handle = self.file_handle(fh)?;
         let Handle::Dir(d) = &*handle else {
@@ -986,7 +1046,7 @@ impl PassthroughFs {
 
     pub fn statfs(&self) -> io::Result<libc::statvfs> {
         let root = self.inode(ROOT_INO)?;
-        sys::fstatvfs(root.fd.as_fd())
+        sys::fstatvfs(root.fd()?.as_fd())
     }
 
     pub fn access(&self, ino: u64, mask: i32) -> io::Result<()> {
@@ -994,7 +1054,7 @@ impl PassthroughFs {
             return self.virt.access(ino, mask);
         }
         let inode = self.inode(ino)?;
-        sys::with_proc_path(inode.fd.as_raw_fd(), |p| {
+        sys::with_proc_path(inode.fd()?.as_raw_fd(), |p| {
             sys::faccessat(
                 // SAFETY: AT_FDCWD is a valid "fd" for *at calls.
                 unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) },
@@ -1011,7 +1071,7 @@ impl PassthroughFs {
         }
         let inode = self.inode(ino)?;
         let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
-        sys::getxattr(inode.fd.as_raw_fd(), inode.is_symlink(), &name, buf)
+        sys::getxattr(inode.fd()?.as_raw_fd(), inode.is_symlink(), &name, buf)
     }
 
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
@@ -1019,7 +1079,7 @@ impl PassthroughFs {
             return Ok(0);
         }
         let inode = self.inode(ino)?;
-        sys::listxattr(inode.fd.as_raw_fd(), inode.is_symlink(), buf)
+        sys::listxattr(inode.fd()?.as_raw_fd(), inode.is_symlink(), buf)
     }
 
     pub fn setxattr(
@@ -1038,7 +1098,7 @@ impl PassthroughFs {
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
         mutate::setxattr(
             &permit,
-            inode.fd.as_raw_fd(),
+            inode.fd()?.as_raw_fd(),
             inode.is_symlink(),
             &name,
             value,
@@ -1053,7 +1113,7 @@ impl PassthroughFs {
         let inode = self.inode(ino)?;
         let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        mutate::removexattr(&permit, inode.fd.as_raw_fd(), inode.is_symlink(), &name)
+        mutate::removexattr(&permit, inode.fd()?.as_raw_fd(), inode.is_symlink(), &name)
     }
 
     /// Paths (relative to the mount root) of files currently open for writing: a

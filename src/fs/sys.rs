@@ -371,3 +371,60 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> io
     // SAFETY: a fresh fd we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
+
+/// A kernel file handle (`struct file_handle`): names an object on its filesystem
+/// independently of any path, as NFS servers and virtiofsd use it. Stored as u32 words so
+/// the header (`handle_bytes`, `handle_type`) is suitably aligned.
+#[derive(Clone)]
+pub struct FileId {
+    words: Box<[u32]>,
+}
+
+impl FileId {
+    const HEADER_WORDS: usize = 2;
+
+    /// The handle of the object `fd` refers to (an O_PATH fd is fine).
+    pub fn of(fd: BorrowedFd<'_>) -> io::Result<FileId> {
+        let max = libc::MAX_HANDLE_SZ as usize;
+        let mut words = vec![0u32; Self::HEADER_WORDS + max.div_ceil(4)];
+        words[0] = max as u32;
+        let mut mount_id: libc::c_int = 0;
+        // SAFETY: `words` starts with a file_handle header whose handle_bytes (MAX_HANDLE_SZ)
+        // is no more than the room after it; mount_id is writable; "" with AT_EMPTY_PATH
+        // names `fd` itself.
+        cvt(unsafe {
+            libc::name_to_handle_at(
+                fd.as_raw_fd(),
+                EMPTY.as_ptr(),
+                words.as_mut_ptr().cast::<libc::file_handle>(),
+                &mut mount_id,
+                libc::AT_EMPTY_PATH,
+            )
+        })?;
+        let used = Self::HEADER_WORDS + (words[0] as usize).div_ceil(4);
+        words.truncate(used);
+        Ok(FileId {
+            words: words.into_boxed_slice(),
+        })
+    }
+
+    /// Opens the object again with `flags` (O_PATH here); `mount_fd` is any fd on the same
+    /// filesystem. Needs CAP_DAC_READ_SEARCH (EPERM otherwise); ESTALE when the object is
+    /// gone.
+    pub fn open(&self, mount_fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+        // The kernel only reads the handle, but the prototype takes it mutably: give it a
+        // copy of our own.
+        let mut words = self.words.to_vec();
+        // SAFETY: `words` is a complete file_handle (header + handle_bytes as returned by
+        // name_to_handle_at); the returned fd is owned by us.
+        let fd = cvt(unsafe {
+            libc::open_by_handle_at(
+                mount_fd.as_raw_fd(),
+                words.as_mut_ptr().cast::<libc::file_handle>(),
+                flags | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: a fresh fd we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Once;
@@ -121,6 +121,37 @@ impl TestMount {
             "--clear-groups",
             "--",
         ]);
+    }
+
+    /// Mounts with RLIMIT_NOFILE set to `limit` (soft and hard, so the daemon cannot raise
+    /// it), as user `uid`:`gid` if given (see [`TestMount::mount_as`]).
+    pub fn mount_with_fd_limit(&mut self, limit: u64, user: Option<(u32, u32)>) {
+        let nofile = format!("--nofile={limit}:{limit}");
+        let mut prefix = vec!["prlimit", nofile.as_str(), "--"];
+        let ids = user.map(|(uid, gid)| (uid.to_string(), gid.to_string()));
+        if let Some((uid, gid)) = &ids {
+            prefix.extend([
+                "setpriv",
+                "--reuid",
+                uid,
+                "--regid",
+                gid,
+                "--clear-groups",
+                "--",
+            ]);
+        }
+        self.mount_with_prefix(&prefix);
+    }
+
+    /// Gives SRC, MNT and STATE (and everything in them) to `uid`:`gid` and lets others
+    /// reach them, for [`TestMount::mount_as`].
+    pub fn give_to(&self, uid: u32, gid: u32) {
+        fs::set_permissions(self.root(), fs::Permissions::from_mode(0o755)).unwrap();
+        for dir in [&self.src, &self.mnt, &self.state] {
+            for entry in all_paths(dir) {
+                std::os::unix::fs::lchown(&entry, Some(uid), Some(gid)).unwrap();
+            }
+        }
     }
 
     /// `prefix... checkpointfs mount ...`: a prefix runs the command through a wrapper.
@@ -527,4 +558,47 @@ fn walk(root: &Path, path: &Path, out: &mut Vec<String>) {
             walk(root, &entry.path(), out);
         }
     }
+}
+
+/// Sets the mode of /dev/fuse for the life of the guard, and puts the original back on
+/// drop (also when the test panics).
+pub struct DevFuseMode {
+    original: u32,
+}
+
+impl DevFuseMode {
+    pub fn set(mode: u32) -> DevFuseMode {
+        let original = fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
+        fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(mode)).unwrap();
+        DevFuseMode { original }
+    }
+}
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(self.original));
+    }
+}
+
+/// `command args...` as `uid`:`gid` (no supplementary groups), from `/`.
+pub fn run_as(uid: u32, gid: u32, command: &[&str]) -> std::process::Output {
+    let (u, g) = (uid.to_string(), gid.to_string());
+    let mut args = vec!["--reuid", &u, "--regid", &g, "--clear-groups", "--"];
+    args.extend_from_slice(command);
+    run("setpriv", &args, Path::new("/"))
+}
+
+/// `dir` and everything below it.
+pub fn all_paths(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].is_dir() && !out[i].is_symlink() {
+            for e in fs::read_dir(&out[i]).unwrap() {
+                out.push(e.unwrap().path());
+            }
+        }
+        i += 1;
+    }
+    out
 }
