@@ -581,6 +581,13 @@ where
             return e.exit_code();
         }
     };
+    if !matches!(cli.command, Command::Mount(_)) {
+        // Report commands print to stdout: `checkpointfs log | head` must end quietly, as
+        // other tools do, not panic in println!. Not for `mount`: the daemon it starts
+        // writes to sockets and must get EPIPE, not die.
+        // SAFETY: signal(2) with SIG_DFL; called before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::Mount(a) => mount(a),
         Command::Umount(a) => umount(&a.mnt, a.lazy, Duration::from_secs(a.timeout)),

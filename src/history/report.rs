@@ -148,6 +148,20 @@ impl History {
         if let (ViewContent::Object(a), ViewContent::Object(b)) = (&x.content, &y.content) {
             return Ok(a == b);
         }
+        // A recorded version against the live file with the same size and mtime: the same
+        // content (a change sets the mtime; only a deliberate utimensat from outside the
+        // mount could hide one, as for git's index). Saves reading every tracked file when
+        // `log` and `diff` compare the last checkpoint with the live tree.
+        if x.meta.kind == EntryKind::File
+            && (x.meta.mtime_sec, x.meta.mtime_nsec) == (y.meta.mtime_sec, y.meta.mtime_nsec)
+            && matches!(
+                (&x.content, &y.content),
+                (ViewContent::Object(_), ViewContent::Live(_))
+                    | (ViewContent::Live(_), ViewContent::Object(_))
+            )
+        {
+            return Ok(true);
+        }
         Ok(self.view_read_all(x)? == self.view_read_all(y)?)
     }
 }
