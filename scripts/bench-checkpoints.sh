@@ -35,21 +35,9 @@ while [[ $# -gt 0 ]]; do
     esac
     shift
 done
-[[ -x $BIN ]] || { echo "bench-checkpoints: no binary at $BIN (cargo build --release)" >&2; exit 2; }
-
-W=$(mktemp -d "${BENCH_DIR:-/var/tmp}/cpbench.XXXXXX")
-MNT=$W/mnt
-cleanup() {
-    local rc=$?
-    if mountpoint -q "$MNT" 2>/dev/null; then
-        "$BIN" umount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
-    fi
-    rm -rf -- "$W"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=lib/bench-workdir.sh
+source "$ROOT/scripts/lib/bench-workdir.sh"
+bench_workdir bench-checkpoints
 
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
 export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@localhost

@@ -101,7 +101,7 @@ pub enum SyncPolicy {
 
 /// Above this many objects to sync, one `syncfs` is cheaper than one fdatasync each (each
 /// of which waits for its own journal commit on ext4).
-const SYNCFS_THRESHOLD: usize = 32;
+const SYNCFS_THRESHOLD: usize = 4;
 
 /// The result of a put.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -357,7 +357,7 @@ impl Store {
 
     fn put_file_impl(&self, src: &File, try_reflink: bool) -> io::Result<StoredObject> {
         let temp = self.create_temp()?;
-        let mut buf = vec![0u8; BUF_SIZE];
+        let mut buf = buffer_for(src)?;
         if try_reflink && reflink(src, &temp.file)? {
             let (hasher, size) = hash_file(&temp.file, &mut buf)?;
             return self.commit(temp, hasher, size, CopyMethod::Reflink);
@@ -612,8 +612,10 @@ fn reflink(src: &File, dst: &File) -> io::Result<bool> {
         _ => {
             log::trace!("store: no reflink ({err}); copying");
             // A failed clone should not have changed `dst`; truncating makes sure the copy
-            // starts from an empty file either way.
-            dst.set_len(0)?;
+            // starts from an empty file either way. Only if needed: on ext4 a truncation to
+            // 0 makes the close of the file write its data back at once (auto_da_alloc),
+            // a disk wait on the syscall path.
+            set_len_if_needed(dst, 0)?;
             Ok(false)
         }
     }
@@ -738,7 +740,7 @@ fn copy_and_hash(src: &File, dst: &File, buf: &mut [u8]) -> io::Result<(Sha256, 
         hash_extent(&mut hasher, &e);
         write_extent(dst, &e)
     })?;
-    dst.set_len(len)?;
+    set_len_if_needed(dst, len)?;
     Ok((hasher, len))
 }
 
@@ -766,8 +768,27 @@ pub fn content_hash(file: &File) -> io::Result<String> {
 pub fn copy_sparse(src: &File, dst: &File) -> io::Result<u64> {
     let mut buf = vec![0u8; BUF_SIZE];
     let len = walk_extents(src, &mut buf, |e| write_extent(dst, &e))?;
-    dst.set_len(len)?;
+    set_len_if_needed(dst, len)?;
     Ok(len)
+}
+
+/// `ftruncate(len)` unless the file has that length already (a trailing hole needs it; a
+/// file that ends in data does not, and a needless truncation to 0 costs a writeback on
+/// ext4, see [`reflink`]).
+fn set_len_if_needed(file: &File, len: u64) -> io::Result<()> {
+    if file.metadata()?.len() != len {
+        file.set_len(len)?;
+    }
+    Ok(())
+}
+
+/// The copy buffer for `src`: [`BUF_SIZE`], or less for a small file (zeroing 1 MiB for a
+/// 300-byte file costs more than the copy). Only a size hint: a file that grows meanwhile is
+/// still copied whole, in more reads.
+fn buffer_for(src: &File) -> io::Result<Vec<u8>> {
+    let size = src.metadata()?.len();
+    let len = usize::try_from(size.saturating_add(1)).map_or(BUF_SIZE, |n| n.clamp(4096, BUF_SIZE));
+    Ok(vec![0u8; len])
 }
 
 /// `lseek`, for `SEEK_DATA`/`SEEK_HOLE` (the fd's offset is not used by anything here: all
