@@ -634,3 +634,47 @@ fn exclude_from_reads_patterns_and_refuses_a_bad_one_naming_the_line() {
     let out = cli(&["status", m.mnt.to_str().unwrap()]);
     assert!(stdout(&out).contains("node_modules"), "{}", stdout(&out));
 }
+
+/// Renaming a symlink to a directory records the link, never what it points to (issue 11,
+/// item 6: the subtree walk used to follow it, outside the tree).
+#[test]
+fn renaming_a_symlink_to_a_directory_never_walks_its_target() {
+    let mut m = TestMount::unmounted(&[]);
+    let outside = m.root().join("outside");
+    fs::create_dir_all(outside.join("deep")).unwrap();
+    fs::write(outside.join("secret"), "not in the tree\n").unwrap();
+    fs::write(outside.join("deep/more"), "nor this\n").unwrap();
+    symlink(&outside, m.src.join("link")).unwrap();
+    fs::create_dir(m.src.join("real")).unwrap();
+    fs::write(m.src.join("real/inner"), "tracked\n").unwrap();
+    m.mount();
+    checkpoint(&m, "before");
+    sh(&m, "mv link link2 && mv real real2");
+    checkpoint(&m, "after");
+    m.umount();
+    let transcript = fs::read_to_string(m.state.join("transcript.jsonl")).unwrap();
+    for p in ["secret", "deep", "more"] {
+        assert!(
+            !transcript.contains(p),
+            "the transcript names {p}:\n{transcript}"
+        );
+    }
+    // The real directory's child is tracked under both names.
+    assert!(transcript.contains("\"real/inner\""), "{transcript}");
+    assert!(transcript.contains("\"real2/inner\""), "{transcript}");
+    m.mount();
+    assert_eq!(
+        fs::read_link(at(&m, "before").join("link")).unwrap(),
+        outside
+    );
+    rewind(&m, "before", &[]);
+    assert_eq!(fs::read_link(m.mnt.join("link")).unwrap(), outside);
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("real/inner")).unwrap(),
+        "tracked\n"
+    );
+    assert_eq!(
+        fs::read_to_string(outside.join("secret")).unwrap(),
+        "not in the tree\n"
+    );
+}

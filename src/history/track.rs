@@ -440,17 +440,24 @@ impl History {
             } else {
                 format!("{from}/{sub}")
             };
-            let entries = match std::fs::read_dir(self.source.join(&dir)) {
-                Ok(e) => e,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ENOENT)) => {
-                    continue;
-                }
-                Err(e) => return Err(e),
+            // Beneath SRC without following any symlink: renaming a symlink (or a directory
+            // someone swapped for one) must never walk what it points to.
+            let Some(dir_fd) = self.open_existing(&dir)? else {
+                continue;
             };
-            for entry in entries {
-                let entry = entry?;
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else {
+            if sys::fstat(dir_fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                continue;
+            }
+            let mut stream = sys::DirStream::open(dir_fd.as_fd())?;
+            let mut names = Vec::new();
+            while let Some(entry) = stream.next_entry()? {
+                if entry.name != b"." && entry.name != b".." {
+                    names.push((entry.name.to_vec(), entry.d_type));
+                }
+            }
+            drop(stream);
+            for (name, d_type) in names {
+                let Ok(name) = String::from_utf8(name) else {
                     warn!("not tracking a path that is not UTF-8 under {dir}");
                     continue;
                 };
@@ -459,7 +466,14 @@ impl History {
                 } else {
                     format!("{sub}/{name}")
                 };
-                let is_dir = entry.file_type()?.is_dir();
+                let is_dir = match d_type {
+                    libc::DT_DIR => true,
+                    libc::DT_UNKNOWN => match self.open_existing(&format!("{dir}/{name}"))? {
+                        Some(fd) => sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR,
+                        None => false,
+                    },
+                    _ => false,
+                };
                 self.before_change(caller, format!("{from}/{child}").as_bytes(), Some(is_dir))?;
                 self.before_change(caller, format!("{to}/{child}").as_bytes(), Some(is_dir))?;
                 if is_dir {
