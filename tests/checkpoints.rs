@@ -678,3 +678,89 @@ fn renaming_a_symlink_to_a_directory_never_walks_its_target() {
         "not in the tree\n"
     );
 }
+
+/// A view of an untracked file reads it beneath SRC without following symlinks (issue 11,
+/// item 3): swapping a directory of the tree with a symlink to a root-only directory, over
+/// and over while the view is read, never shows the root-only file's content.
+#[test]
+fn a_view_never_reads_through_a_directory_swapped_for_a_symlink() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut m = TestMount::unmounted(&[]);
+    let secret = m.root().join("secret");
+    fs::create_dir(&secret).unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(secret.join("x"), "SECRET\n").unwrap();
+    fs::create_dir(m.src.join("d")).unwrap();
+    fs::write(m.src.join("d/x"), "public\n").unwrap();
+    symlink(&secret, m.src.join("s")).unwrap();
+    m.mount();
+    checkpoint(&m, "c");
+    let stop = AtomicBool::new(false);
+    let (d, s) = (
+        std::ffi::CString::new(m.src.join("d").as_os_str().as_encoded_bytes()).unwrap(),
+        std::ffi::CString::new(m.src.join("s").as_os_str().as_encoded_bytes()).unwrap(),
+    );
+    let view = at(&m, "c").join("d/x");
+    // Looked up once as a directory before the race, as a reader would have: from then on
+    // every open is the daemon's.
+    assert_eq!(read_no_symlinks(&view).unwrap(), "public\n");
+    let (mut public, mut leaked) = (0, 0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: two valid NUL-terminated paths.
+                let rc = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        d.as_ptr(),
+                        libc::AT_FDCWD,
+                        s.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+            }
+        });
+        for _ in 0..30000 {
+            // The view shows `d` as a symlink whenever it is one at lookup; the reader must
+            // not follow that itself (as root it could): only what the daemon serves counts.
+            match read_no_symlinks(&view) {
+                Ok(t) if t == "public\n" => public += 1,
+                Ok(t) if t.contains("SECRET") => leaked += 1,
+                _ => {}
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(leaked, 0, "the view read the root-only file {leaked} times");
+    assert!(public > 0, "the view never read the file during the race");
+}
+
+/// Reads `path` with openat2(RESOLVE_NO_SYMLINKS): the caller never follows a symlink.
+fn read_no_symlinks(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: open_how is plain data; all-zero is its default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_NO_SYMLINKS;
+    // SAFETY: valid C string and open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    let mut f = unsafe { fs::File::from_raw_fd(fd as i32) };
+    let mut s = String::new();
+    f.read_to_string(&mut s)?;
+    Ok(s)
+}

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
 
 use super::{History, VersionState};
 use crate::fs::CONTROL_DIR_NAME;
@@ -18,8 +17,10 @@ pub enum ViewContent {
     None,
     /// A store object (file content or symlink target).
     Object(String),
-    /// The path in SRC, unchanged since the mount.
-    Live(PathBuf),
+    /// The path in SRC (relative to its root), unchanged since the mount. Opened beneath
+    /// SRC's root fd with no symlink followed, never by its absolute path: a user who can
+    /// rename directories in the tree must not make a view read outside it.
+    Live(String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -86,7 +87,6 @@ impl History {
     }
 
     fn live_entry_bytes(&self, rel: &[u8]) -> io::Result<Option<ViewEntry>> {
-        let rel_s = String::from_utf8_lossy(rel);
         let Ok(rel_str) = std::str::from_utf8(rel) else {
             return Ok(None);
         };
@@ -94,9 +94,7 @@ impl History {
             return Ok(None);
         };
         let content = match meta.kind {
-            EntryKind::File | EntryKind::Symlink => {
-                ViewContent::Live(self.source().join(rel_s.as_ref()))
-            }
+            EntryKind::File | EntryKind::Symlink => ViewContent::Live(rel_str.to_string()),
             _ => ViewContent::None,
         };
         Ok(Some(ViewEntry { meta, content }))
@@ -165,12 +163,13 @@ impl History {
     pub fn view_open(&self, e: &ViewEntry) -> io::Result<File> {
         match &e.content {
             ViewContent::Object(name) => self.store().open_object(name),
-            ViewContent::Live(path) => {
-                use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(path)
+            ViewContent::Live(rel) => {
+                let fd = self.live_object(rel, libc::S_IFREG)?;
+                use std::os::fd::AsRawFd;
+                let raw = fd.as_raw_fd();
+                let file = sys::proc_reopen(raw, libc::O_RDONLY | libc::O_NOATIME)
+                    .or_else(|_| sys::proc_reopen(raw, libc::O_RDONLY))?;
+                Ok(File::from(file))
             }
             ViewContent::None => Err(errno(libc::EISDIR)),
         }
@@ -179,12 +178,26 @@ impl History {
     pub fn view_symlink_target(&self, e: &ViewEntry) -> io::Result<Vec<u8>> {
         match &e.content {
             ViewContent::Object(name) => self.store().read_object(name),
-            ViewContent::Live(path) => {
-                use std::os::unix::ffi::OsStrExt;
-                Ok(std::fs::read_link(path)?.as_os_str().as_bytes().to_vec())
+            ViewContent::Live(rel) => {
+                let fd = self.live_object(rel, libc::S_IFLNK)?;
+                sys::readlinkat(fd.as_fd(), sys::EMPTY)
             }
             ViewContent::None => Err(errno(libc::EINVAL)),
         }
+    }
+
+    /// An O_PATH fd on `rel` in SRC, opened beneath its root without following any symlink,
+    /// and checked to be of type `kind` (`S_IFREG`, `S_IFLNK`) after the open: the entry's
+    /// metadata was read earlier, and the path may have been swapped since. ENOENT if it is
+    /// gone or changed type.
+    fn live_object(&self, rel: &str, kind: u32) -> io::Result<std::os::fd::OwnedFd> {
+        let fd = self
+            .open_existing(rel)?
+            .ok_or_else(|| errno(libc::ENOENT))?;
+        if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != kind {
+            return Err(errno(libc::ENOENT));
+        }
+        Ok(fd)
     }
 
     /// Reads a view entry's whole content (files and symlink targets).
@@ -210,4 +223,42 @@ pub(crate) fn join(parent: &str, name: &[u8]) -> Vec<u8> {
     }
     v.extend_from_slice(name);
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::history::{HistoryConfig, open_history_readonly};
+
+    /// A view entry of an untracked file, made while its directory was real, is opened after
+    /// the directory was swapped for a symlink to a root-only directory (the race of issue
+    /// 11, item 3, made deterministic): the open fails instead of reading outside the tree.
+    #[test]
+    fn a_live_entry_is_never_read_through_a_swapped_in_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, state, secret) = (
+            dir.path().join("src"),
+            dir.path().join("state"),
+            dir.path().join("secret"),
+        );
+        for d in [&src, &state, &secret] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::create_dir(src.join("d")).unwrap();
+        std::fs::write(src.join("d/x"), "public\n").unwrap();
+        std::fs::write(secret.join("x"), "SECRET\n").unwrap();
+        let history = open_history_readonly(HistoryConfig {
+            source: src.clone(),
+            root: None,
+            state_dir: state,
+            exclusions: Default::default(),
+            durability: Default::default(),
+        })
+        .unwrap();
+        let file = history.live_entry("d/x").unwrap().expect("d/x exists");
+        assert_eq!(history.view_read_all(&file).unwrap(), b"public\n");
+        std::fs::rename(src.join("d"), src.join("d.moved")).unwrap();
+        std::os::unix::fs::symlink(&secret, src.join("d")).unwrap();
+        let read = history.view_read_all(&file);
+        assert!(read.is_err(), "read through the symlink: {read:?}");
+    }
 }
