@@ -36,28 +36,16 @@ while [[ $# -gt 0 ]]; do
     esac
     shift
 done
-[[ -x $BIN ]] || { echo "bench-scale: no binary at $BIN (cargo build --release)" >&2; exit 2; }
+# shellcheck source=lib/bench-workdir.sh
+source "$ROOT/scripts/lib/bench-workdir.sh"
+bench_workdir bench-scale
+mkdir -p "$MNT"
 
 if [[ $QUICK == 1 ]]; then
     SIZES="1000 10000" LONG_CHECKPOINTS=200
 else
     SIZES="1000 10000 100000" LONG_CHECKPOINTS=1000
 fi
-
-W=$(mktemp -d "${BENCH_DIR:-/var/tmp}/cpscale.XXXXXX")
-MNT=$W/mnt
-mkdir -p "$MNT"
-cleanup() {
-    local rc=$?
-    if mountpoint -q "$MNT" 2>/dev/null; then
-        "$BIN" umount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
-    fi
-    rm -rf -- "$W"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 FAILS=0
 row() { printf '%-34s %14s %14s %10s  %s\n' "$@"; }

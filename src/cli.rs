@@ -1485,27 +1485,12 @@ fn mount(a: MountArgs) -> i32 {
     }
 }
 
-/// Writes `contents` to `dir/name` via a temporary file and a rename.
-fn write_state_file(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(contents)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, dir.join(name))
-}
-
 fn write_pid_and_mountpoint(cfg: &DaemonConfig) -> io::Result<()> {
     let pid = std::process::id();
-    write_state_file(&cfg.state_dir, PID_FILE, format!("{pid}\n").as_bytes())?;
+    crate::state_dir::write_file(&cfg.state_dir, PID_FILE, format!("{pid}\n").as_bytes())?;
     let mut mp = cfg.mountpoint.as_os_str().as_bytes().to_vec();
     mp.push(b'\n');
-    write_state_file(&cfg.state_dir, MOUNTPOINT_FILE, &mp)?;
+    crate::state_dir::write_file(&cfg.state_dir, MOUNTPOINT_FILE, &mp)?;
     // Only `umount`'s exit status for an already unmounted MNT depends on it.
     if let Err(e) = record_mount(&cfg.mountpoint, &cfg.state_dir) {
         log::warn!("cannot record the mount in the mount registry: {e}");

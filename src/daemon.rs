@@ -44,8 +44,9 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     crate::state_dir::secure(&cfg.state_dir)?;
-    write_private(
-        &cfg.state_dir.join("source"),
+    crate::state_dir::write_file(
+        &cfg.state_dir,
+        "source",
         format!("{}\n", cfg.source.display()).as_bytes(),
     )?;
 
@@ -349,17 +350,4 @@ fn lazy_unmount(mountpoint: &std::path::Path) -> io::Result<()> {
             .map(|_| ()),
         _ => Err(e),
     }
-}
-
-/// Writes `contents` to `path` (created 0600: see crate::state_dir), replacing what was there.
-fn write_private(path: &std::path::Path, contents: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(contents)
 }

@@ -37,6 +37,24 @@ fn refused(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, msg)
 }
 
+/// Writes `contents` to `dir/name` (mode 0600, rule 2) through a temporary file, fsync and
+/// rename, so that a reader sees the old content or the new, never a part.
+pub fn write_file(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, dir.join(name))
+}
+
 /// Checks rule 1 for `state_dir` and rule 3 for what is in it (see the module docs),
 /// repairing modes where rule 3 allows. `state_dir` must exist.
 pub fn secure(state_dir: &Path) -> io::Result<()> {

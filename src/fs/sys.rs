@@ -78,6 +78,17 @@ pub fn reopen_readonly_like(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
     proc_reopen(fd, flags)
 }
 
+/// Opens the file behind `fd` (O_PATH will do) for reading by the daemon itself (backups,
+/// views, checkpoint copies), plus `extra` flags: with O_NOATIME, so that its reads leave
+/// the user's access times alone, where the kernel allows it (EPERM: not the file's owner and
+/// no CAP_FOWNER), else without.
+pub(crate) fn reopen_for_reading(fd: RawFd, extra: i32) -> io::Result<OwnedFd> {
+    match proc_reopen(fd, libc::O_RDONLY | libc::O_NOATIME | extra) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => proc_reopen(fd, libc::O_RDONLY | extra),
+        other => other,
+    }
+}
+
 pub(crate) fn proc_reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
     let mut buf = [0u8; 32];
     let path = proc_fd_path(&mut buf, fd);

@@ -133,11 +133,7 @@ impl Drop for AlignedBuf {
 /// that cannot be done here: the filesystem refuses `O_DIRECT`, or the file is larger than
 /// [`MAX_ATOMIC_COPY`].
 pub(crate) fn read_whole_atomically(fd: BorrowedFd<'_>) -> io::Result<Option<Vec<u8>>> {
-    let flags = libc::O_RDONLY | libc::O_DIRECT;
-    let file = match sys::proc_reopen(fd.as_raw_fd(), flags | libc::O_NOATIME) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::proc_reopen(fd.as_raw_fd(), flags),
-        other => other,
-    };
+    let file = sys::reopen_for_reading(fd.as_raw_fd(), libc::O_DIRECT);
     let file = match file {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),

@@ -791,10 +791,7 @@ impl History {
         };
         let object = match meta.kind {
             EntryKind::File => {
-                let file = File::from(
-                    sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY | libc::O_NOATIME)
-                        .or_else(|_| sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY))?,
-                );
+                let file = File::from(sys::reopen_for_reading(fd.as_raw_fd(), 0)?);
                 let obj = self.store.put_file(&file)?;
                 meta.size = obj.size;
                 Some(obj.name)

@@ -166,10 +166,7 @@ impl History {
             ViewContent::Live(rel) => {
                 let fd = self.live_object(rel, libc::S_IFREG)?;
                 use std::os::fd::AsRawFd;
-                let raw = fd.as_raw_fd();
-                let file = sys::proc_reopen(raw, libc::O_RDONLY | libc::O_NOATIME)
-                    .or_else(|_| sys::proc_reopen(raw, libc::O_RDONLY))?;
-                Ok(File::from(file))
+                Ok(File::from(sys::reopen_for_reading(fd.as_raw_fd(), 0)?))
             }
             ViewContent::None => Err(errno(libc::EISDIR)),
         }
