@@ -17,12 +17,8 @@ use crate::fs::PassthroughFs;
 use crate::history::ViewEntry;
 use crate::history::logdiff::SessionChanges;
 use crate::history::{History, agent_state};
-use crate::sys;
+use crate::sys::{self, errno};
 use crate::transcript::record::EntryKind;
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
-}
 
 /// One difference between the current tree and the target checkpoint.
 #[derive(Debug, Clone, PartialEq)]

@@ -28,7 +28,7 @@ use self::gate::{Change, Gate, mutate};
 use self::handles::{DirHandle, FileHandle, Handle, HandleTable};
 use self::inodes::{Inode, InodeTable, ROOT_INO};
 use crate::history::{CONTROL_DIR_NAME, Caller, History};
-use crate::sys::{self, FsCredsGuard, with_name};
+use crate::sys::{self, FsCredsGuard, errno, with_name};
 
 /// Timeout for entries and attributes of real files (see the module docs).
 pub const TTL: Duration = Duration::from_secs(86400);
@@ -117,10 +117,6 @@ fn has_cap_sys_admin() -> bool {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
-}
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
 }
 
 impl PassthroughFs {

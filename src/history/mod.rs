@@ -420,7 +420,6 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
     std::str::from_utf8(rel).ok()
 }
 
-pub(crate) use track::open_source;
 pub use track::{open_history, open_history_readonly};
 
 #[cfg(test)]
