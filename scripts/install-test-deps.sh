@@ -11,7 +11,9 @@ usage: scripts/install-test-deps.sh   (installs missing test prerequisites; idem
 
 Environment: XFSTESTS_TARBALL (default: the first of ../shared/xfstests/xfstests-63a29724.tar.gz
   and ../../shared/... relative to the repo), XFSTESTS_DIR (build cache, default
-  /var/tmp/checkpointfs-xfstests; the built tree is $XFSTESTS_DIR/63a29724/xfstests).
+  /var/tmp/checkpointfs-xfstests; the built tree is $XFSTESTS_DIR/63a29724/xfstests),
+  CLAUDE_CODE_DIR (where npm installs the pinned Claude Code CLI, default
+  /var/tmp/checkpointfs-agents/claude-code).
 EOF
     exit 0
 fi
@@ -136,6 +138,38 @@ if ! getent passwd pjdtests >/dev/null; then
     getent group pjdtests >/dev/null || groupadd --system pjdtests
     useradd --system --no-create-home --gid pjdtests --shell /usr/sbin/nologin pjdtests
 fi
+
+# ---- Claude Code CLI for tests/agent_claude_code.rs (pinned, from the npm registry) -----
+# Installed outside the repo; the test runs $CLAUDE_CODE_DIR/node_modules/.bin/claude with
+# telemetry, updates and every non-loopback connection off, against tests/agents/mock_anthropic.py.
+CLAUDE_CODE_VERSION=2.1.332
+CLAUDE_CODE_DIR=${CLAUDE_CODE_DIR:-/var/tmp/checkpointfs-agents/claude-code}
+install_claude_code() {
+    local pkg=$CLAUDE_CODE_DIR/node_modules/@anthropic-ai/claude-code/package.json have
+    have=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$pkg" 2>/dev/null) || have=
+    if [[ $have == "$CLAUDE_CODE_VERSION" && -x $CLAUDE_CODE_DIR/node_modules/.bin/claude ]]; then
+        return 0
+    fi
+    command -v npm >/dev/null 2>&1 \
+        || { echo "ci: ERROR: npm is missing (apt-get install nodejs npm); tests/agent_claude_code.rs needs it to install the Claude Code CLI" >&2; return 1; }
+    say "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION into $CLAUDE_CODE_DIR${have:+ (had $have)}"
+    mkdir -p -- "$CLAUDE_CODE_DIR"
+    if ! (cd "$CLAUDE_CODE_DIR" && npm install --no-audit --no-fund --prefix "$CLAUDE_CODE_DIR" \
+        "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION"); then
+        echo "ci: ERROR: npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION failed (needs the npm registry); tests/agent_claude_code.rs needs it" >&2
+        return 1
+    fi
+    # The package's postinstall puts the native binary in place of a stub: check it runs.
+    local home out
+    home=$(mktemp -d)
+    out=$(DISABLE_AUTOUPDATER=1 HOME=$home "$CLAUDE_CODE_DIR/node_modules/.bin/claude" --version </dev/null 2>&1) || true
+    rm -rf -- "$home"
+    if [[ $out != "$CLAUDE_CODE_VERSION "* ]]; then
+        echo "ci: ERROR: $CLAUDE_CODE_DIR/node_modules/.bin/claude --version says '$out', not $CLAUDE_CODE_VERSION, after npm install" >&2
+        return 1
+    fi
+}
+install_claude_code || exit 1
 
 # ---- git identity for tests that commit ------------------------------------------------
 # Env vars for git(1); a global config too, only when none is set (libgit2 reads no env).
