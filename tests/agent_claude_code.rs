@@ -5,8 +5,9 @@
 //! `mount-scripts/claude-code-hook`, installed with `checkpointfs install-hook claude`.
 //!
 //! Nothing leaves the machine: the mock binds loopback only, telemetry, error reporting,
-//! updates and non-essential traffic are off, and HTTP(S)_PROXY point at a dead loopback port
-//! with only 127.0.0.1/localhost exempt, so any other connection the CLI tried would fail.
+//! updates and non-essential traffic are off, and HTTP(S)_PROXY point at the mock with only
+//! 127.0.0.1/localhost exempt, so any other connection the CLI tried would be refused there —
+//! and logged: the tests assert that there was none.
 mod common;
 
 use std::fs;
@@ -173,6 +174,11 @@ impl Claude {
         let out = Command::new(BIN)
             .args(["install-hook", "claude", "--user"])
             .env("HOME", self.home.path())
+            // This checkout's script, wherever the binary was built (CARGO_TARGET_DIR).
+            .env(
+                "CHECKPOINTFS_SCRIPTS",
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("mount-scripts"),
+            )
             .stdin(Stdio::null())
             .output()
             .unwrap();
@@ -219,7 +225,9 @@ impl Claude {
     /// The CLI's whole environment (it starts from an empty one).
     fn env(&self) -> Vec<(&'static str, String)> {
         let base = format!("http://127.0.0.1:{}", self.mock.port);
-        let dead_proxy = "http://127.0.0.1:9".to_string(); // discard port: nothing listens
+        // Any connection not to loopback goes through the "proxy", which is the mock: it logs
+        // and refuses it (see assert_nothing_left).
+        let dead_proxy = format!("http://127.0.0.1:{}", self.mock.port);
         let mut env: Vec<(&'static str, String)> = vec![
             (
                 "PATH",
@@ -272,6 +280,19 @@ fn assert_prompt_ran(mock: &Mock, key: &str, tool_calls: usize) -> Vec<String> {
     reqs.iter()
         .map(|r| r["session"].as_str().unwrap_or("").to_string())
         .collect()
+}
+
+/// Asserts that the CLI tried no connection beyond the mock: none came through the proxy.
+fn assert_nothing_left(mock: &Mock) {
+    let escapes: Vec<Value> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| r["method"] == "CONNECT" || !r["path"].as_str().unwrap().starts_with('/'))
+        .collect();
+    assert!(
+        escapes.is_empty(),
+        "the CLI tried to reach out: {escapes:#?}"
+    );
 }
 
 /// The checkpoint ids in `MNT/.checkpoint/at/`, sorted.
@@ -435,6 +456,7 @@ fn three_prompts_of_a_real_claude_code_session_are_checkpointed_and_rewound() {
         let sessions = assert_prompt_ran(&claude.mock, key, calls);
         assert!(sessions.iter().all(|s| s == SESSION), "{key}: {sessions:?}");
     }
+    assert_nothing_left(&claude.mock);
 
     // One checkpoint per prompt, named by the hook from the session; each is the tree as it
     // was when its prompt was submitted, byte for byte, .git included.
@@ -547,6 +569,7 @@ fn two_concurrent_claude_code_sessions_are_rewound_separately() {
         let sessions = assert_prompt_ran(&claude.mock, key, 2);
         assert!(sessions.iter().all(|s| s == session), "{key}: {sessions:?}");
     }
+    assert_nothing_left(&claude.mock);
     let ids = checkpoint_ids(&m);
     assert_eq!(ids.len(), 2, "{ids:?}");
     let id_a = ids

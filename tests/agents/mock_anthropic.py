@@ -9,6 +9,9 @@ PORT_FILE (atomically, by rename) once it accepts connections, and serves until 
   POST /v1/messages               a scripted reply, as SSE when the request says "stream": true
                                   (Claude Code always streams), else one JSON message
   POST /v1/messages/count_tokens  {"input_tokens": N}
+  CONNECT (as an HTTPS proxy)     logged and refused with 403: point HTTPS_PROXY here to
+                                  see any connection the client tries to make elsewhere (a
+                                  plain-HTTP proxy request shows as a "path" with a scheme)
   anything else                   an empty JSON object with status 200 (HEAD: no body)
 
 SCRIPT.json maps a prompt key to the turns of the agent's answer:
@@ -135,6 +138,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self.log_request_json({"path": self.path, "method": "GET"})
         self.send_json({})
+
+    def do_CONNECT(self):
+        """The CLI's HTTPS_PROXY points here too: a tunnel to anywhere is logged and refused."""
+        self.log_request_json({"path": self.path, "method": "CONNECT"})
+        self.send_json({}, 403)
+        self.close_connection = True
 
     do_HEAD = do_GET
     do_PUT = do_GET
