@@ -159,6 +159,16 @@ impl Running {
     }
 }
 
+impl Drop for Running {
+    /// A run the test did not wait for (it failed first) is not left behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Claude {
     fn new(script: &Value) -> Claude {
         Claude {
@@ -168,11 +178,13 @@ impl Claude {
         }
     }
 
-    /// `checkpointfs install-hook claude --user` with our HOME: the real installer, putting
-    /// the repo's mount-scripts/claude-code-hook into HOME/.claude/settings.json.
-    fn install_hook(&self) {
+    /// `checkpointfs install-hook claude SCOPE...` with our HOME: the real installer, putting
+    /// the repo's mount-scripts/claude-code-hook into HOME/.claude/settings.json (`--user`)
+    /// or DIR/.claude/settings.json (`--project DIR`).
+    fn install_hook(&self, scope: &[&str]) {
         let out = Command::new(BIN)
-            .args(["install-hook", "claude", "--user"])
+            .args(["install-hook", "claude"])
+            .args(scope)
             .env("HOME", self.home.path())
             // This checkout's script, wherever the binary was built (CARGO_TARGET_DIR).
             .env(
@@ -418,7 +430,7 @@ fn three_prompts_of_a_real_claude_code_session_are_checkpointed_and_rewound() {
     git(&m.src, &["add", "-A"]);
     git(&m.src, &["commit", "-q", "-m", "initial"]);
     m.mount();
-    claude.install_hook();
+    claude.install_hook(&["--user"]);
 
     // Three prompts in one session: a new one with a fixed id, then --continue, then --resume.
     let mut trees = vec![tree_listing(&m.mnt)];
@@ -553,7 +565,9 @@ fn two_concurrent_claude_code_sessions_are_rewound_separately() {
         fs::write(m.src.join(f), format!("{f} v0\n")).unwrap();
     }
     m.mount();
-    claude.install_hook();
+    // Per project this time: MNT/.claude/settings.json, read by sessions started in MNT.
+    claude.install_hook(&["--project", m.mnt.to_str().unwrap()]);
+    assert!(m.mnt.join(".claude/settings.json").exists());
 
     let a = claude.spawn(
         &m.mnt,
