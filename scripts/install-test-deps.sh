@@ -160,9 +160,15 @@ install_claude_code() {
         return 1
     fi
     # The package's postinstall puts the native binary in place of a stub: check it runs.
+    # An npm that skipped the install script (allowScripts) gets it run here, once.
     local home out
     home=$(mktemp -d)
     out=$(DISABLE_AUTOUPDATER=1 HOME=$home "$CLAUDE_CODE_DIR/node_modules/.bin/claude" --version </dev/null 2>&1) || true
+    if [[ $out != "$CLAUDE_CODE_VERSION "* ]]; then
+        say "claude --version says '$out': running the package's postinstall (node install.cjs)"
+        (cd "$CLAUDE_CODE_DIR/node_modules/@anthropic-ai/claude-code" && node install.cjs) || true
+        out=$(DISABLE_AUTOUPDATER=1 HOME=$home "$CLAUDE_CODE_DIR/node_modules/.bin/claude" --version </dev/null 2>&1) || true
+    fi
     rm -rf -- "$home"
     if [[ $out != "$CLAUDE_CODE_VERSION "* ]]; then
         echo "ci: ERROR: $CLAUDE_CODE_DIR/node_modules/.bin/claude --version says '$out', not $CLAUDE_CODE_VERSION, after npm install" >&2
