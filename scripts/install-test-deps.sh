@@ -11,9 +11,7 @@ usage: scripts/install-test-deps.sh   (installs missing test prerequisites; idem
 
 Environment: XFSTESTS_TARBALL (default: the first of ../shared/xfstests/xfstests-63a29724.tar.gz
   and ../../shared/... relative to the repo), XFSTESTS_DIR (build cache, default
-  /var/tmp/checkpointfs-xfstests; the built tree is $XFSTESTS_DIR/63a29724/xfstests),
-  CLAUDE_CODE_DIR (where npm installs the pinned Claude Code CLI, default
-  /var/tmp/checkpointfs-agents/claude-code).
+  /var/tmp/checkpointfs-xfstests; the built tree is $XFSTESTS_DIR/63a29724/xfstests).
 EOF
     exit 0
 fi
@@ -140,8 +138,9 @@ if ! getent passwd pjdtests >/dev/null; then
 fi
 
 # ---- Claude Code CLI for tests/agent_claude_code.rs (pinned, from the npm registry) -----
-# Installed outside the repo; the test runs $CLAUDE_CODE_DIR/node_modules/.bin/claude with
-# telemetry, updates and every non-loopback connection off, against tests/agents/mock_anthropic.py.
+# Installed outside the repo, in $CLAUDE_CODE_DIR (environment; the test reads it too); the
+# test runs $CLAUDE_CODE_DIR/node_modules/.bin/claude with telemetry, updates and every
+# non-loopback connection off, against tests/agents/mock_anthropic.py.
 CLAUDE_CODE_VERSION=2.1.332
 CLAUDE_CODE_DIR=${CLAUDE_CODE_DIR:-/var/tmp/checkpointfs-agents/claude-code}
 install_claude_code() {
