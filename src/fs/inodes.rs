@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use fuser::BackingId;
 use log::{info, warn};
 
-use super::sys::{self, FileId};
+use crate::sys::{self, FileId};
 
 pub const ROOT_INO: u64 = 1;
 

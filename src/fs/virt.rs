@@ -407,7 +407,7 @@ impl VirtualTree {
     /// use pread, so the object fd's own offset means nothing and may move.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
         match &*self.handle(fh)? {
-            VirtualHandle::ViewFile(file) => super::sys::lseek(file.as_fd(), offset, whence),
+            VirtualHandle::ViewFile(file) => crate::sys::lseek(file.as_fd(), offset, whence),
             _ => Err(errno(libc::ESPIPE)),
         }
     }

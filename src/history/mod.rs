@@ -47,7 +47,6 @@ mod migrate;
 mod open_files;
 mod process;
 pub mod report;
-pub mod rewind;
 pub mod status;
 pub mod store;
 mod track;
@@ -70,6 +69,10 @@ use exclusions::{ExclusionConfig, Exclusions, Verdict};
 use store::Store;
 
 pub use view::{ViewContent, ViewEntry};
+
+/// Name of the virtual control directory at the mount root. The passthrough core serves it;
+/// the history never tracks it and hides a real entry of that name in views.
+pub const CONTROL_DIR_NAME: &[u8] = b".checkpoint";
 
 /// Who asked for a change (from the FUSE request header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use log::{debug, info, warn};
 use super::store::{Store, SyncPolicy};
 use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
 use crate::durability::{self, Durability};
-use crate::fs::sys;
+use crate::sys;
 use crate::transcript::journal::Journal;
 use crate::transcript::record::{
     Actor, EntryKind, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, TrackedFileBackup, rfc3339,

@@ -5,9 +5,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 
+use super::CONTROL_DIR_NAME;
 use super::{History, VersionState};
-use crate::fs::CONTROL_DIR_NAME;
-use crate::fs::sys;
+use crate::sys;
 use crate::transcript::record::{EntryKind, EntryMeta};
 
 /// Where a view entry's content comes from.

@@ -1,7 +1,8 @@
-//! Thin, allocation-free wrappers over the *read-only* syscalls the core needs.
+//! Thin, allocation-free wrappers over the *read-only* syscalls that the passthrough core
+//! (`fs`) and the history (`history`) both need: the layer below both.
 //!
-//! Syscalls that change SRC live in [`super::gate::mutate`] and need a
-//! [`super::gate::Permit`]; nothing in this file may modify the filesystem.
+//! Syscalls that change SRC live in [`crate::fs::gate::mutate`] and need a
+//! [`crate::fs::gate::Permit`]; nothing in this file may modify the filesystem.
 use std::ffi::{CStr, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
