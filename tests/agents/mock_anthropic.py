@@ -26,10 +26,11 @@ reply is a short text with stop_reason "end_turn". A turn may carry "barrier": [
 reply is held until N requests with that barrier name have arrived (at most 60 s), which makes
 N concurrent agents provably run at the same time without any sleep.
 
-Every request is appended to LOG_FILE as one JSON line:
-  {"path", "key", "turn", "tools" (tool names offered), "tool_results" (after the prompt:
-   [{"tool_use_id", "is_error", "content"}]), "reply" (tool name or "text"), "session"}
-"session" is the X-Claude-Code-Session-Id header when the CLI sends one.
+Every request is appended to LOG_FILE as one JSON line, {"method", "path"} and for
+POST /v1/messages also:
+  "key" (null when unscripted), "turn", "tools" (the tool names offered), "tool_results" (after
+  the prompt: [{"tool_use_id", "is_error", "content"}]), "reply" (the tool name, or "text"),
+  "session" (the X-Claude-Code-Session-Id header, when the CLI sends one), "model", "stream".
 """
 
 import json
