@@ -509,3 +509,120 @@ pub fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
     // SAFETY: fresh fd.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
+
+/// A normal user a root daemon mounts for (`mount --owner USER`): its uid and primary gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserIds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The uid and primary gid of `user`, a name from the password database or a numeric uid.
+pub fn user_ids(user: &str) -> io::Result<UserIds> {
+    let by_uid = user.parse::<u32>().ok();
+    let name = CString::new(user).map_err(|_| errno(libc::EINVAL))?;
+    let mut pwd = MaybeUninit::<libc::passwd>::uninit();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: pwd, buf and found outlive the call, buf's length is passed; the result points
+    // into pwd (which the call fills) or is null.
+    let rc = unsafe {
+        match by_uid {
+            Some(uid) => libc::getpwuid_r(
+                uid,
+                pwd.as_mut_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            ),
+            None => libc::getpwnam_r(
+                name.as_ptr(),
+                pwd.as_mut_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            ),
+        }
+    };
+    if rc != 0 {
+        return Err(errno(rc));
+    }
+    if found.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no such user in the password database",
+        ));
+    }
+    // SAFETY: found is non-null, so the call filled pwd.
+    let pwd = unsafe { pwd.assume_init() };
+    Ok(UserIds {
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+    })
+}
+
+/// Makes the calling thread, and only it, act as `user` on a mount made for that user: no
+/// supplementary groups, real, effective and saved ids all `user`'s (what the kernel's FUSE
+/// access check compares with the mount's `user_id`/`group_id`), and of root's capabilities
+/// only CAP_DAC_READ_SEARCH, so that it can still read the root-owned store while every
+/// change it makes through the mount is checked as `user`'s own.
+///
+/// Irreversible for the thread: call it on a thread that ends with the work (a control
+/// connection's). Raw syscalls on purpose: glibc's wrappers would change every thread of the
+/// process.
+pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
+    const CAP_DAC_READ_SEARCH: u32 = 2;
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let check = |rc: libc::c_long| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    // SAFETY: prctl(PR_SET_KEEPCAPS) takes integer arguments and changes this thread's
+    // securebits only.
+    check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) }.into())?;
+    // SAFETY: setgroups with a count of 0 never reads the (null) list; like the two id
+    // syscalls after it, issued raw, it changes this thread's credentials only.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) })?;
+    // SAFETY: integer arguments; this thread's credentials only.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, user.gid, user.gid, user.gid) })?;
+    // SAFETY: integer arguments; this thread's credentials only. With KEEPCAPS set the
+    // permitted capabilities survive, to be cut down to one just below.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, user.uid, user.uid, user.uid) })?;
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let keep = 1 << CAP_DAC_READ_SEARCH;
+    let data = [
+        CapData {
+            effective: keep,
+            permitted: keep,
+            inheritable: 0,
+        },
+        CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and data are the v3 layout the kernel reads (one header, two data
+    // words), alive for the call; pid 0 is the calling thread.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) }.into())
+}

@@ -40,6 +40,9 @@ pub struct FsConfig {
     /// The kernel mount options the mount was made with (a later `mount -o remount` may
     /// have changed ro/rw since: see [`crate::mount_options::mounted_read_only`]).
     pub options: crate::mount_options::MountOptions,
+    /// The normal user a root daemon mounts for (`--owner`): only that user's processes may
+    /// use the mount (the kernel checks), and the control socket is theirs.
+    pub owner: Option<crate::sys::UserIds>,
 }
 
 /// A looked-up entry: the kernel adds one lookup for every `Entry` it receives.
@@ -102,6 +105,7 @@ pub struct PassthroughFs {
     passthrough_off: std::sync::OnceLock<String>,
     mountpoint: std::path::PathBuf,
     mount_options: crate::mount_options::MountOptions,
+    owner: Option<crate::sys::UserIds>,
 }
 
 /// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
@@ -153,12 +157,18 @@ impl PassthroughFs {
             passthrough_off,
             mountpoint: cfg.mountpoint,
             mount_options: cfg.options,
+            owner: cfg.owner,
         })
     }
 
     /// The mount point and the options the mount was made with.
     pub fn mount_info(&self) -> (&std::path::Path, &crate::mount_options::MountOptions) {
         (&self.mountpoint, &self.mount_options)
+    }
+
+    /// The normal user this root daemon mounts for (`--owner`), if any.
+    pub fn owner(&self) -> Option<crate::sys::UserIds> {
+        self.owner
     }
 
     /// Why kernel passthrough is off, or `None` while it is on.
