@@ -117,6 +117,7 @@ impl User {
     fn new() -> User {
         let home = tempfile::tempdir().unwrap();
         fs::create_dir(home.path().join(".gemini")).unwrap();
+        fs::create_dir(home.path().join("tmp")).unwrap();
         let settings = json!({
             "security": { "auth": { "selectedType": "gemini-api-key" } },
             "privacy": { "usageStatisticsEnabled": false },
@@ -145,6 +146,7 @@ impl User {
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", home)
+            .env("TMPDIR", home.join("tmp"))
             .env("LANG", "C.UTF-8")
             .env("TERM", "dumb")
             .env("GEMINI_API_KEY", "dummy")
