@@ -5,8 +5,8 @@
 //! stand-in for the Gemini API on 127.0.0.1, so its own write_file, replace and
 //! run_shell_command tools really change the tree. Its BeforeAgent hook is the one
 //! `checkpointfs install-hook gemini` installs. Nothing leaves the machine: the mock binds
-//! loopback only, every proxy variable points at a dead loopback port (with NO_PROXY for the
-//! mock), HOME is a temp dir, telemetry and update checks are off.
+//! loopback only, every proxy variable points at a loopback trap that must see no connection
+//! (NO_PROXY excepts the mock), HOME and TMPDIR are a temp dir, telemetry and update checks are off.
 //!
 //! Also: the hook script alone, fed Gemini CLI's hook input as the CLI does (no CLI needed).
 mod common;
@@ -108,9 +108,13 @@ impl Drop for Mock {
 }
 
 /// A user of the Gemini CLI: a HOME of their own, with the settings a first run needs
-/// (API-key auth, no telemetry, no update checks).
+/// (API-key auth, no telemetry, no update checks), and a proxy that is a trap.
 struct User {
     home: tempfile::TempDir,
+    /// Every proxy variable points here, NO_PROXY excepting only the mock: a connection
+    /// to it is an attempt to leave the machine. Nothing answers (it is never accepted
+    /// until [`User::assert_nothing_left`] looks), so such an attempt cannot succeed.
+    proxy_trap: std::net::TcpListener,
 }
 
 impl User {
@@ -130,13 +134,23 @@ impl User {
             serde_json::to_string_pretty(&settings).unwrap(),
         )
         .unwrap();
-        User { home }
+        let proxy_trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        proxy_trap.set_nonblocking(true).unwrap();
+        User { home, proxy_trap }
+    }
+
+    /// Asserts that nothing connected to the proxy trap: all traffic went to the mock.
+    fn assert_nothing_left(&self) {
+        match self.proxy_trap.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the Gemini CLI tried to reach the network via HTTPS_PROXY: {other:?}"),
+        }
     }
 
     /// `gemini -p PROMPT --yolo SESSION_ARGS` in `cwd`, against `mock`.
     fn command(&self, mock: &Mock, cwd: &Path, session_args: &[&str], prompt: &str) -> Command {
         let home = self.home.path();
-        let dead_proxy = "http://127.0.0.1:9";
+        let proxy = format!("http://{}", self.proxy_trap.local_addr().unwrap());
         let mut c = Command::new("timeout");
         c.arg("120")
             .arg(gemini_bin())
@@ -166,10 +180,10 @@ impl User {
                 home.join("no-system-defaults.json"),
             )
             .env("GEMINI_TELEMETRY_ENABLED", "false")
-            .env("HTTPS_PROXY", dead_proxy)
-            .env("HTTP_PROXY", dead_proxy)
-            .env("https_proxy", dead_proxy)
-            .env("http_proxy", dead_proxy)
+            .env("HTTPS_PROXY", &proxy)
+            .env("HTTP_PROXY", &proxy)
+            .env("https_proxy", &proxy)
+            .env("http_proxy", &proxy)
             .env("NO_PROXY", "127.0.0.1,localhost")
             .env("no_proxy", "127.0.0.1,localhost")
             .stdin(Stdio::null())
@@ -354,6 +368,7 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
     assert_eq!(git(&mnt, &["status", "--porcelain"]), "");
     let tree3 = tree_listing(&mnt);
     eprintln!("three gemini prompts took {:?}", t0.elapsed());
+    user.assert_nothing_left();
 
     // The mock really answered with each tool, in order, and only for our prompts' steps.
     let answers: Vec<String> = mock
