@@ -663,6 +663,11 @@ fn the_gemini_hook_checkpoints_each_prompt_and_keeps_the_stdout_contract() {
     assert_eq!(r["stdout"], "{}\n", "{r}");
     assert_eq!(checkpoint_ids(&m).len(), 4);
     assert!(is_hook_id(&checkpoint_ids(&m)[3], SESSION, 4));
+    // The counter lives in the state dir, per session.
+    assert_eq!(
+        fs::read_to_string(m.state.join("hooks/gemini-cli-6e3c1a52.counter")).unwrap(),
+        "4\n"
+    );
 
     // Outside a mount, and on input that is not JSON: still {} and exit 0, a note on stderr.
     let elsewhere = tempfile::tempdir().unwrap();
