@@ -338,6 +338,14 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
         )],
     }));
     let user = User::new();
+    // The user-level hook as well: Gemini CLI runs identical hooks (name and command) once,
+    // so this still takes one checkpoint per prompt.
+    let out = Command::new(BIN)
+        .args(["install-hook", "gemini", "--user"])
+        .env("HOME", user.home.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
     let t0 = std::time::Instant::now();
 
     let tree0 = tree_listing(&mnt);
@@ -732,23 +740,56 @@ fn the_gemini_hook_checkpoints_each_prompt_and_keeps_the_stdout_contract() {
     assert_eq!(checkpoint_ids(&m).len(), 4, "no checkpoint was taken");
 }
 
-/// `install-hook gemini --user` writes the user's settings; the installed command, run as
-/// Gemini CLI runs it, checkpoints the prompt.
+/// `install-hook gemini --user`, run twice against settings that already have other hooks,
+/// adds one hook and keeps the rest; the installed command, run as Gemini CLI runs it,
+/// checkpoints the prompt; `--remove` puts the file back as it was.
 #[test]
 fn install_hook_gemini_installs_a_command_that_checkpoints() {
     let m = TestMount::new();
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args(["install-hook", "gemini", "--user"])
-        .env("HOME", home.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let settings: Value = serde_json::from_str(
-        &fs::read_to_string(home.path().join(".gemini/settings.json")).unwrap(),
-    )
-    .unwrap();
-    let hook = &settings["hooks"]["BeforeAgent"][0]["hooks"][0];
+    let path = home.path().join(".gemini/settings.json");
+    fs::create_dir(path.parent().unwrap()).unwrap();
+    let theirs = json!({
+        "general": { "vimMode": true },
+        "hooks": {
+            "BeforeAgent": [
+                { "hooks": [ { "name": "ctx", "type": "command", "command": "git log -3" } ] }
+            ],
+            "BeforeTool": [
+                { "matcher": "run_shell_command",
+                  "hooks": [ { "type": "command", "command": "audit-shell" } ] }
+            ]
+        }
+    });
+    fs::write(&path, serde_json::to_string_pretty(&theirs).unwrap()).unwrap();
+    let install = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["install-hook", "gemini", "--user"])
+            .args(extra)
+            .env("HOME", home.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert!(install(&[]).contains("installed the checkpointfs hook in"));
+    let once = fs::read_to_string(&path).unwrap();
+    assert!(install(&[]).contains("already installed"));
+    assert_eq!(
+        fs::read_to_string(&path).unwrap(),
+        once,
+        "a second install changed it"
+    );
+    let settings: Value = serde_json::from_str(&once).unwrap();
+    let groups = settings["hooks"]["BeforeAgent"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{settings:#}");
+    assert_eq!(groups[0], theirs["hooks"]["BeforeAgent"][0]);
+    assert_eq!(
+        settings["hooks"]["BeforeTool"],
+        theirs["hooks"]["BeforeTool"]
+    );
+    assert_eq!(settings["general"], theirs["general"]);
+    let hook = &groups[1]["hooks"][0];
     assert_eq!(hook["type"], "command");
     assert_eq!(hook["name"], "checkpointfs");
     assert_eq!(hook["timeout"], 10000);
@@ -766,4 +807,9 @@ fn install_hook_gemini_installs_a_command_that_checkpoints() {
     let ids = checkpoint_ids(&m);
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert!(is_hook_id(&ids[0], SESSION_B, 1), "{ids:?}");
+
+    assert!(install(&["--remove"]).contains("removed the checkpointfs hook"));
+    let back: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(back, theirs);
+    assert!(install(&["--remove"]).contains("nothing to remove"));
 }
