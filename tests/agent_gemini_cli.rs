@@ -492,6 +492,13 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
     rewind(&m, &format!("{}:before-rewind", ids[0]), &[]);
     assert_eq!(tree_listing(&mnt), tree3);
     assert_eq!(git(&mnt, &["log", "--format=%s"]), "agent work\ninitial\n");
+
+    // The daemon had nothing to warn about while serving the CLI.
+    let daemon_log = m.daemon_log();
+    assert!(
+        !daemon_log.contains(" WARN ") && !daemon_log.contains(" ERROR "),
+        "{daemon_log}"
+    );
 }
 
 /// Two Gemini sessions at once in one tree, each editing its own file, then both appending
@@ -588,6 +595,11 @@ fn two_concurrent_gemini_sessions_are_rewound_separately() {
     assert_eq!(read("user.txt"), "edited by the user\n");
     rewind(&m, &format!("{a1}:before-rewind"), &[]);
     assert_eq!(tree_listing(&mnt), before);
+    let daemon_log = m.daemon_log();
+    assert!(
+        !daemon_log.contains(" WARN ") && !daemon_log.contains(" ERROR "),
+        "{daemon_log}"
+    );
 }
 
 /// Runs `command` as Gemini CLI runs a hook: `bash -c COMMAND` from a parent process (the
