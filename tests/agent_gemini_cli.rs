@@ -378,7 +378,13 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
     eprintln!("three gemini prompts took {:?}", t0.elapsed());
     user.assert_nothing_left();
 
-    // The mock really answered with each tool, in order, and only for our prompts' steps.
+    // The mock served every request the CLI made (none was 404), and really answered with
+    // each tool, in order.
+    assert!(
+        mock.requests().iter().all(|r| r["answer"] != "404"),
+        "{:?}",
+        mock.requests()
+    );
     let answers: Vec<String> = mock
         .requests()
         .iter()

@@ -132,9 +132,11 @@ class Handler(BaseHTTPRequestHandler):
 
 def main():
     global SCRIPT, LOG_FILE
-    if len(sys.argv) != 4 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__.strip().splitlines()[2])
-        sys.exit(0 if len(sys.argv) == 2 else 2)
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
+    if len(sys.argv) != 4:
+        sys.exit("usage: mock_gemini.py SCRIPT.json PORT_FILE LOG_FILE (see --help)")
     with open(sys.argv[1], encoding="utf-8") as f:
         SCRIPT = json.load(f)
     port_file, LOG_FILE = sys.argv[2], sys.argv[3]
