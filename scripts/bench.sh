@@ -6,7 +6,7 @@ export LC_ALL=C
 usage() {
     cat <<'EOF'
 usage: scripts/bench.sh [--quick] [--strict] [--runs N] [--native-only] [--no-np]
-                        [--no-agent] [--bin PATH] [--out DIR] [--help]
+                        [--no-agent] [--as-user USER] [--bin PATH] [--out DIR] [--help]
 
 Runs scripts/fsbench.sh (the maintainers' harness: fio sequential 1 GiB write/read,
 4 KiB random write/read, 10,000 small files create/stat/read/delete, git add+commit and
@@ -36,6 +36,13 @@ Options:
   --native-only  only the native run (no binary needed)
   --no-np        skip the --no-passthrough sequential run
   --no-agent     skip agent-workloads.sh (it takes minutes per run)
+  --as-user USER what a normal user gets: the workloads (native and mount) and the
+                 daemon run as USER (setpriv, no supplementary groups), which mounts
+                 through fusermount3 — so no kernel passthrough: the "mount" column is
+                 the daemon serving reads and writes. The caches are still dropped
+                 between phases, by this (root) script on the user's request. Implies
+                 --no-np (no passthrough to compare against) and --no-agent
+                 (agent-workloads.sh drops the caches itself, which needs root).
   --bin PATH     checkpointfs binary (default $CHECKPOINTFS_BIN or target/release/checkpointfs)
   --out DIR      results dir (default target/bench-results/TIMESTAMP): per round
                  native.R.txt, mount.R.txt, mount-np.R.txt; medians native.txt, mount.txt,
@@ -52,7 +59,7 @@ CPFS_WHO=bench
 # shellcheck source=lib/mounts.sh
 source "$ROOT/scripts/lib/mounts.sh"
 
-QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 AGENT=1 BIN= OUT= RUNS=1
+QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 AGENT=1 BIN= OUT= RUNS=1 AS_USER=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
@@ -61,6 +68,7 @@ while [[ $# -gt 0 ]]; do
         --no-np) NP=0 ;;
         --no-agent) AGENT=0 ;;
         --runs) RUNS=${2:?--runs needs a number}; shift ;;
+        --as-user) AS_USER=${2:?--as-user needs a user name}; shift ;;
         --bin) BIN=${2:?--bin needs a path}; shift ;;
         --out) OUT=${2:?--out needs a dir}; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -71,6 +79,14 @@ done
 die() { echo "bench: ERROR: $*" >&2; exit 2; }
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs needs a positive number"
 [[ $(id -u) == 0 ]] || die "must run as root (drop_caches, FUSE mount)"
+if [[ -n $AS_USER ]]; then
+    AS_UID=$(id -u "$AS_USER" 2>/dev/null) || die "--as-user: no such user '$AS_USER'"
+    AS_GID=$(id -g "$AS_USER")
+    [[ $AS_UID != 0 ]] || die "--as-user needs a normal user, not root"
+    command -v setpriv >/dev/null || die "missing tool: setpriv (util-linux)"
+    command -v fusermount3 >/dev/null || die "--as-user: a normal user mounts through fusermount3, which is missing"
+    NP=0 AGENT=0
+fi
 for t in fio jq python3 git tar; do command -v "$t" >/dev/null || die "missing tool: $t"; done
 if [[ $NATIVE_ONLY == 0 ]]; then
     [[ -n $BIN ]] || BIN=$(cpfs_find_bin "$ROOT")
@@ -95,6 +111,9 @@ SRC=$BASE/src MNT=$BASE/mnt STATE=$BASE/state
 mkdir -p "$SRC" "$MNT"
 DAEMON_LOG=$OUT/daemon.log
 : > "$DAEMON_LOG"
+# AS: the prefix that runs a workload as --as-user's USER (empty: as root).
+AS=()
+DROP_PID=
 
 cleanup() {
     local rc=$?
@@ -102,6 +121,7 @@ cleanup() {
     cd /
     cpfs_kill_child
     [[ $NATIVE_ONLY == 1 ]] || cpfs_cleanup_all "$BIN" "$DAEMON_LOG"
+    [[ -z $DROP_PID ]] || kill "$DROP_PID" 2>/dev/null || true
     if cpfs_any_mount_under "$BASE"; then
         echo "bench: warning: something is still mounted under $BASE; not removing it" >&2
     else
@@ -115,7 +135,40 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 FSBENCH=$ROOT/scripts/fsbench.sh
-echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes'); results $OUT"
+if [[ -n $AS_USER ]]; then
+    # The user's tree: BASE is traversable, SRC/MNT/HOME and the state dirs the user's own
+    # (the daemon refuses a state dir another user owns).
+    chmod 0755 "$BASE"
+    mkdir -p "$BASE/home"
+    chown "$AS_UID:$AS_GID" "$SRC" "$MNT" "$BASE/home"
+    # The tarball comes from root's ~/.cargo; build it now, world-readable.
+    FSBENCH_PREPARE_ONLY=1 "$FSBENCH" "$BASE" || die "could not build fsbench's tarball"
+    # Cache drops on the user's request: a root loop answers each line written to
+    # drop.req with sync + drop_caches and a line on drop.ack.
+    mkfifo -m 0600 "$BASE/drop.req" "$BASE/drop.ack"
+    chown "$AS_UID:$AS_GID" "$BASE/drop.req" "$BASE/drop.ack"
+    (
+        exec 3<>"$BASE/drop.req"   # held open: the loop never sees EOF between requests
+        while read -r _ <&3; do
+            sync; echo 3 > /proc/sys/vm/drop_caches
+            echo done > "$BASE/drop.ack"
+        done
+    ) &
+    DROP_PID=$!
+    AS=(setpriv --reuid "$AS_UID" --regid "$AS_GID" --clear-groups
+        env "HOME=$BASE/home" "USER=$AS_USER"
+        "FSBENCH_DROP_CMD=echo drop > '$BASE/drop.req' && read -r _ < '$BASE/drop.ack'")
+    # The daemon and `checkpointfs umount` run as the user too (the wrapper execs the
+    # binary, so the daemon's command line still starts with it).
+    if [[ $NATIVE_ONLY == 0 ]]; then
+        mkdir -p "$BASE/bin"
+        printf '#!/bin/sh\nexec setpriv --reuid %s --regid %s --clear-groups env HOME=%q %q "$@"\n' \
+            "$AS_UID" "$AS_GID" "$BASE/home" "$BIN" > "$BASE/bin/checkpointfs"
+        chmod 0755 "$BASE/bin/checkpointfs"
+        REAL_BIN=$BIN BIN=$BASE/bin/checkpointfs
+    fi
+fi
+echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes')$([[ -n $AS_USER ]] && echo ", as user $AS_USER (fusermount3, no kernel passthrough)"); results $OUT"
 
 # ---- checkpoint-specific benchmarks ---------------------------------------------------
 # Layer 1 first-write cost, marker latency vs a shadow-git commit, rewind time and store size
@@ -163,18 +216,29 @@ np_seq() {   # np_seq DIR OUTFILE
 # between rounds (odd: native first; even: mount first), so an order effect cancels in the
 # medians instead of always falling on the same side.
 settle() { sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1; }
+run_fsbench() {   # run_fsbench DIR OUTFILE — as --as-user's USER if given (OUT is root's)
+    if [[ -z $AS_USER ]]; then
+        cpfs_run "$FSBENCH" "$1" "$2"
+        return
+    fi
+    cpfs_run "${AS[@]}" "$FSBENCH" "$1" "$BASE/home/fsbench.out"
+    cp "$BASE/home/fsbench.out" "$2"
+}
 native_round() {   # native_round R TAG
     echo "bench: native run in $SRC$2"
     settle
-    cpfs_run "$FSBENCH" "$SRC" "$OUT/native.$1.txt"
+    run_fsbench "$SRC" "$OUT/native.$1.txt"
     agent_workloads "$SRC" "$OUT/native.$1.txt"
 }
 mount_round() {    # mount_round R TAG
     # A fresh state dir per round keeps the rounds independent.
     echo "bench: mount run in $MNT (default mode)$2"
+    if [[ -n $AS_USER ]]; then
+        mkdir -m 0700 "$STATE.$1" && chown "$AS_UID:$AS_GID" "$STATE.$1"
+    fi
     cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.$1" "$DAEMON_LOG" || die "mount failed"
     settle
-    cpfs_run "$FSBENCH" "$MNT" "$OUT/mount.$1.txt"
+    run_fsbench "$MNT" "$OUT/mount.$1.txt"
     checkpoint_benchmarks "$MNT" "$OUT/checkpoint.$1.txt"
     agent_workloads "$MNT" "$OUT/mount.$1.txt" "$MNT/.checkpoint/ctl"
     cpfs_unmount "$BIN" "$MNT" "$DAEMON_LOG" || echo "bench: warning: unmount needed a fallback" >&2
@@ -270,7 +334,7 @@ fi
 echo "bench: $FAILS bar(s) failed. Markdown table: $OUT/table.md"
 echo
 echo "bench: checkpoint costs (scripts/bench-checkpoints.sh)"
-if ! CHECKPOINTFS_BIN=$BIN "$ROOT/scripts/bench-checkpoints.sh" $([[ $QUICK == 1 ]] && echo --files 1000 --changed 10) | tee "$OUT/checkpoints.txt"; then
+if ! CHECKPOINTFS_BIN=${REAL_BIN:-$BIN} "$ROOT/scripts/bench-checkpoints.sh" $([[ $QUICK == 1 ]] && echo --files 1000 --changed 10) | tee "$OUT/checkpoints.txt"; then
     echo "bench: bench-checkpoints.sh failed" >&2
     FAILS=$((FAILS + 1))
 fi

@@ -137,6 +137,45 @@ if ! getent passwd pjdtests >/dev/null; then
     useradd --system --no-create-home --gid pjdtests --shell /usr/sbin/nologin pjdtests
 fi
 
+# ---- Claude Code CLI for tests/agent_claude_code.rs (pinned, from the npm registry) -----
+# Installed outside the repo, in $CLAUDE_CODE_DIR (environment; the test reads it too); the
+# test runs $CLAUDE_CODE_DIR/node_modules/.bin/claude with telemetry, updates and every
+# non-loopback connection off, against tests/agents/mock_anthropic.py.
+CLAUDE_CODE_VERSION=2.1.332
+CLAUDE_CODE_DIR=${CLAUDE_CODE_DIR:-/var/tmp/checkpointfs-agents/claude-code}
+install_claude_code() {
+    local pkg=$CLAUDE_CODE_DIR/node_modules/@anthropic-ai/claude-code/package.json have
+    have=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$pkg" 2>/dev/null) || have=
+    if [[ $have == "$CLAUDE_CODE_VERSION" && -x $CLAUDE_CODE_DIR/node_modules/.bin/claude ]]; then
+        return 0
+    fi
+    command -v npm >/dev/null 2>&1 \
+        || { echo "ci: ERROR: npm is missing (apt-get install nodejs npm); tests/agent_claude_code.rs needs it to install the Claude Code CLI" >&2; return 1; }
+    say "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION into $CLAUDE_CODE_DIR${have:+ (had $have)}"
+    mkdir -p -- "$CLAUDE_CODE_DIR"
+    if ! (cd "$CLAUDE_CODE_DIR" && npm install --no-audit --no-fund --prefix "$CLAUDE_CODE_DIR" \
+        "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION"); then
+        echo "ci: ERROR: npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION failed (needs the npm registry); tests/agent_claude_code.rs needs it" >&2
+        return 1
+    fi
+    # The package's postinstall puts the native binary in place of a stub: check it runs.
+    # An npm that skipped the install script (allowScripts) gets it run here, once.
+    local home out
+    home=$(mktemp -d)
+    out=$(DISABLE_AUTOUPDATER=1 HOME=$home "$CLAUDE_CODE_DIR/node_modules/.bin/claude" --version </dev/null 2>&1) || true
+    if [[ $out != "$CLAUDE_CODE_VERSION "* ]]; then
+        say "claude --version says '$out': running the package's postinstall (node install.cjs)"
+        (cd "$CLAUDE_CODE_DIR/node_modules/@anthropic-ai/claude-code" && node install.cjs) || true
+        out=$(DISABLE_AUTOUPDATER=1 HOME=$home "$CLAUDE_CODE_DIR/node_modules/.bin/claude" --version </dev/null 2>&1) || true
+    fi
+    rm -rf -- "$home"
+    if [[ $out != "$CLAUDE_CODE_VERSION "* ]]; then
+        echo "ci: ERROR: $CLAUDE_CODE_DIR/node_modules/.bin/claude --version says '$out', not $CLAUDE_CODE_VERSION, after npm install" >&2
+        return 1
+    fi
+}
+install_claude_code || exit 1
+
 # ---- git identity for tests that commit ------------------------------------------------
 # Env vars for git(1); a global config too, only when none is set (libgit2 reads no env).
 export GIT_AUTHOR_NAME=${GIT_AUTHOR_NAME:-checkpointfs-ci}

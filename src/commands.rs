@@ -9,8 +9,8 @@ use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::control::{self, Request};
+use crate::exit_status::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::history::gc::{GcReport, Retention, gc_state_dir};
 use crate::history::logdiff::DiffFormat;
 use crate::history::{History, HistoryConfig, open_history_readonly};
@@ -60,7 +60,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             eprintln!("checkpointfs: {shown} is not a checkpointfs mount");
             return EXIT_USAGE;
         }
-        Err(e) if crate::cli::endpoint_gone(&e) => return gone(),
+        Err(e) if crate::unmount::endpoint_gone(&e) => return gone(),
         // A read-only mount (`-o ro`, or remounted ro): the kernel refuses to open ctl for
         // writing, but checkpoints change only the state dir, so ask the daemon directly.
         Err(e) if errno(&e) == libc::EROFS => return checkpoint_over_socket(mnt, id),
@@ -100,7 +100,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             );
             EXIT_FAILURE
         }
-        Err(e) if crate::cli::endpoint_gone(&e) => gone(),
+        Err(e) if crate::unmount::endpoint_gone(&e) => gone(),
         Err(e) => {
             eprintln!("checkpointfs: cannot create checkpoint '{quoted}': {e}");
             EXIT_FAILURE
@@ -121,7 +121,7 @@ fn checkpoint_over_socket(mnt: &Path, id: &str) -> i32 {
 fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
     match std::fs::read_to_string(mnt.join(".checkpoint/state-dir")) {
         Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
-        Err(e) if crate::cli::endpoint_gone(&e) => {
+        Err(e) if crate::unmount::endpoint_gone(&e) => {
             eprintln!(
                 "checkpointfs: the daemon serving {} is gone; clean up with: umount -l {}",
                 mnt.display(),
@@ -320,7 +320,7 @@ fn path_in_mount(mnt: &Path, p: &Path) -> Result<String, String> {
 /// An absolute `p` given with `--state-dir`, relative to the mount root: under the last
 /// mount point or the source the state dir names (`STATE/mountpoint`, `STATE/source`).
 fn path_in_saved_tree(state_dir: &Path, p: &Path) -> Result<String, String> {
-    let roots: Vec<PathBuf> = [crate::cli::MOUNTPOINT_FILE, "source"]
+    let roots: Vec<PathBuf> = [crate::registry::MOUNTPOINT_FILE, "source"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(state_dir.join(f)).ok())
         .map(|s| PathBuf::from(s.trim_end_matches('\n')))

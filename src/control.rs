@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::DaemonConfig;
 use crate::fs::PassthroughFs;
 use crate::history::logdiff::DiffFormat;
 
@@ -199,8 +198,10 @@ impl ControlServer {
     }
 }
 
-pub fn start_server(fs: Arc<PassthroughFs>, cfg: &DaemonConfig) -> io::Result<ControlServer> {
-    let path = cfg.state_dir.join(SOCKET_NAME);
+/// Starts serving `STATE/control.sock` (`state_dir`) for the mount whose core is `fs`, each
+/// connection on a thread of its own; [`ControlServer::stop`] ends it.
+pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<ControlServer> {
+    let path = state_dir.join(SOCKET_NAME);
     // A socket left by a crashed daemon: nobody listens on it any more.
     if path.exists() && UnixStream::connect(&path).is_err() {
         std::fs::remove_file(&path)?;
@@ -313,7 +314,7 @@ fn mounted_read_only(fs: &PassthroughFs) -> bool {
 fn rewind_request(
     fs: &PassthroughFs,
     id: &str,
-    opts: &crate::history::rewind::RewindOptions,
+    opts: &crate::rewind::RewindOptions,
     wanted: bool,
     progress: &mut dyn FnMut(String, bool),
 ) -> io::Result<String> {
@@ -333,7 +334,7 @@ fn rewind_request(
             progress(format!("rewind: {done}/{total} paths"), done == total);
         }
     };
-    crate::history::rewind::rewind(fs, id, opts, &mut step)
+    crate::rewind::rewind(fs, id, opts, &mut step)
 }
 
 /// `progress(text, last)` streams a progress line to the client, if it asked for them.
@@ -351,7 +352,7 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             rewind_agent_state,
             progress: wanted,
         } => {
-            let opts = crate::history::rewind::RewindOptions {
+            let opts = crate::rewind::RewindOptions {
                 paths,
                 dry_run,
                 rewind_agent_state,
@@ -369,7 +370,7 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             force,
             progress: wanted,
         } => {
-            let opts = crate::history::rewind::RewindOptions {
+            let opts = crate::rewind::RewindOptions {
                 paths,
                 dry_run,
                 rewind_agent_state,

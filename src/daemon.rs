@@ -24,9 +24,9 @@ use std::sync::Arc;
 use fuser::{Config, Session, SessionACL};
 use log::{info, warn};
 
-use crate::fs::{CONTROL_DIR_NAME, FsConfig, PassthroughFs};
+use crate::fs::{FsConfig, PassthroughFs};
 use crate::fuse_adapter::FuseAdapter;
-use crate::history::{HistoryConfig, open_history};
+use crate::history::{CONTROL_DIR_NAME, HistoryConfig, open_history};
 
 /// Mounts `cfg.source` at `cfg.mountpoint` and serves until the mount is unmounted from
 /// outside (`umount MNT`) or SIGINT/SIGTERM arrives; then flushes history and transcript.
@@ -129,7 +129,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             options: cfg.options,
         },
     )?);
-    let control = crate::control::start_server(fs.clone(), &cfg)?;
+    let control = crate::control::start_server(fs.clone(), &cfg.state_dir)?;
 
     let mut options = Config::default();
     options.n_threads = Some(cfg.threads.max(1));

@@ -1,18 +1,10 @@
 //! checkpointfs: a FUSE passthrough filesystem with a transparent undo stack.
 //!
-//! Layout (each layer only talks to the one below it):
-//! - [`fuse_adapter`]: the FUSE protocol adapter. Decodes a request, calls the core, maps
-//!   `io::Error` to an errno in exactly one place.
-//! - [`fs`]: the passthrough core (inode and handle tables, the virtual `.checkpoint/` tree)
-//!   and the mutation gate through which every change to SRC must pass.
-//! - [`history`]: the file-history system: Layer 1 tracking, Layer 2 snapshots, the
-//!   content-addressed store and rewind.
-//! - [`transcript`]: Layer 3: record types, the writer thread and replay.
-//! - [`daemon`]: wiring for one mount (session, signals, shutdown); [`watchdog`]: the
-//!   process that aborts the mount's FUSE connection when the daemon dies or stays stopped.
-//! - [`cli`]: the command line; [`manuals`]: its completion scripts and man pages.
-//! - [`settings`]: mount settings kept in the state dir (exclusions); [`mount_options`]: the
-//!   kernel mount options (`-o ro,noexec,noatime,...`).
+//! Layout: the modules sit in layers, and each imports only from the layers below it
+//! (`cli` → subcommands → `daemon`/`unmount` → `control`/`watchdog`/`registry` → `rewind`,
+//! [`fuse_adapter`] → [`fs`] (core and gate) → [`history`] → [`transcript`] → [`sys`] and
+//! the other leaves). docs/design.md "Code layout" says what each module does;
+//! tests/layers.rs enforces the order.
 // Every unsafe block states the invariant that makes it sound.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -21,6 +13,7 @@ pub mod commands;
 pub mod control;
 pub mod daemon;
 pub mod durability;
+pub mod exit_status;
 pub mod fs;
 pub mod fuse_adapter;
 pub mod fusermount;
@@ -29,8 +22,15 @@ pub mod ids;
 pub mod install_hook;
 pub mod manuals;
 pub mod mount_options;
+pub mod mount_validation;
+pub mod mountinfo;
+pub mod registry;
+pub mod rewind;
 pub mod settings;
+pub mod spawn;
 pub mod state_dir;
 pub mod state_lock;
+pub mod sys;
 pub mod transcript;
+pub mod unmount;
 pub mod watchdog;

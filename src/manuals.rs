@@ -1,39 +1,37 @@
 //! `checkpointfs completions SHELL` and `checkpointfs man [--dir DIR]`: shell completion
-//! scripts and man pages, generated from the clap definitions in [`crate::cli`] so that
-//! they can never disagree with `--help`.
+//! scripts and man pages, generated from the clap definitions (the caller, [`crate::cli`],
+//! passes its `clap::Command`) so that they can never disagree with `--help`.
 use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 
-use clap::CommandFactory;
 use clap_complete::Shell;
 
-use crate::cli::{Cli, EXIT_FAILURE, EXIT_OK};
+use crate::exit_status::{EXIT_FAILURE, EXIT_OK};
 
 /// The program name completions are registered for (the binary's name).
 const BIN_NAME: &str = "checkpointfs";
 
-/// Prints the completion script for `shell` to stdout.
-pub fn completions(shell: Shell) -> i32 {
-    let mut cmd = Cli::command();
+/// Prints the completion script of `cmd` for `shell` to stdout.
+pub fn completions(mut cmd: clap::Command, shell: Shell) -> i32 {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, BIN_NAME, &mut script);
     write_stdout(&script, &format!("the {shell} completion script"))
 }
 
-/// Without `dir`: prints the top-level man page to stdout. With `dir`: writes
+/// The pages of `cmd`. Without `dir`: prints the top-level man page to stdout. With `dir`: writes
 /// `checkpointfs.1` and one `checkpointfs-SUBCOMMAND.1` per subcommand there (creating the
 /// directory if needed) and prints the paths written.
-pub fn man(dir: Option<&Path>) -> i32 {
+pub fn man(cmd: clap::Command, dir: Option<&Path>) -> i32 {
     let Some(dir) = dir else {
         let mut page = Vec::new();
-        if let Err(e) = page_of(Cli::command()).render(&mut page) {
+        if let Err(e) = page_of(cmd).render(&mut page) {
             eprintln!("checkpointfs: cannot render the man page: {e}");
             return EXIT_FAILURE;
         }
         return write_stdout(&page, "the man page");
     };
-    match write_man_pages(dir) {
+    match write_man_pages(cmd, dir) {
         Ok(written) => {
             let list: String = written.iter().map(|p| format!("{p}\n")).collect();
             write_stdout(list.as_bytes(), "the list of man pages")
@@ -49,9 +47,9 @@ pub fn man(dir: Option<&Path>) -> i32 {
 }
 
 /// The paths written, top-level page first.
-fn write_man_pages(dir: &Path) -> io::Result<Vec<String>> {
+fn write_man_pages(cmd: clap::Command, dir: &Path) -> io::Result<Vec<String>> {
     fs::create_dir_all(dir)?;
-    let mut cmd = Cli::command().disable_help_subcommand(true);
+    let mut cmd = cmd.disable_help_subcommand(true);
     // Building gives each subcommand its display name, `checkpointfs-SUBCOMMAND`, which
     // names its page.
     cmd.build();

@@ -243,7 +243,7 @@ pub fn mounted_read_only(mountinfo: &[u8], mountpoint: &Path) -> bool {
         .filter_map(|line| {
             let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
             let sep = fields.iter().position(|f| *f == b"-")?;
-            let point = crate::cli::unescape_mountinfo(fields.get(4)?);
+            let point = crate::mountinfo::unescape_mountinfo(fields.get(4)?);
             (sep >= 6 && Path::new(&point) == mountpoint)
                 .then(|| has_ro(fields[5]) || fields.get(sep + 3).is_some_and(|f| has_ro(f)))
         })
@@ -277,7 +277,7 @@ pub fn open_source_root(
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let change = opts.atime_change(statvfs_flags(source)?);
     let Some(change) = change else {
-        return Ok((crate::history::open_source(source)?, None));
+        return Ok((crate::sys::open_source(source)?, None));
     };
     let what = |step: &str, e: io::Error| {
         io::Error::new(

@@ -17,8 +17,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use log::debug;
 
 use super::inodes::Inode;
-use super::sys;
 use crate::history::{Caller, History};
+use crate::sys;
 
 /// What an operation is about to change. Paths are resolved by the gate, not the caller.
 #[derive(Debug)]
@@ -216,7 +216,7 @@ pub mod mutate {
     use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
     use super::Permit;
-    use crate::fs::sys::{cvt, proc_reopen, with_proc_path};
+    use crate::sys::{cvt, proc_reopen, with_proc_path};
 
     /// Opens (maybe creating) `name` in `dir` with flags that can write.
     pub fn openat(
@@ -226,7 +226,7 @@ pub mod mutate {
         flags: i32,
         mode: u32,
     ) -> io::Result<OwnedFd> {
-        crate::fs::sys::openat(dir, name, flags, mode)
+        crate::sys::openat(dir, name, flags, mode)
     }
 
     /// Re-opens an O_PATH fd with flags that can write or truncate.

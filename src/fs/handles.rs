@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use fuser::BackingId;
 
 use super::inodes::{Inode, Pin};
-use super::sys::DirStream;
+use crate::sys::DirStream;
 
 pub struct FileHandle {
     pub fd: OwnedFd,

@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use fuser::BackingId;
 use log::{info, warn};
 
-use super::sys::{self, FileId};
+use crate::sys::{self, FileId, errno};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -73,10 +73,6 @@ pub const NO_FILE_HANDLES_ENV: &str = "CHECKPOINTFS_NO_FILE_HANDLES";
 
 /// Coarse recency: bumped whenever a slot is filled, read when an fd is used.
 static CLOCK: AtomicU64 = AtomicU64::new(0);
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -29,6 +29,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
 use crate::history::{Caller, ViewEntry};
 use crate::ids::validate_id;
+use crate::sys::errno;
 use crate::transcript::record::EntryKind;
 
 pub const VIRTUAL_BIT: u64 = 1 << 63;
@@ -50,10 +51,6 @@ pub fn is_virtual(ino: u64) -> bool {
 
 pub fn is_virtual_handle(fh: u64) -> bool {
     fh & VIRTUAL_BIT != 0
-}
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
 }
 
 /// A path inside one checkpoint's view: `rel` is relative to the mount root.
@@ -407,7 +404,7 @@ impl VirtualTree {
     /// use pread, so the object fd's own offset means nothing and may move.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
         match &*self.handle(fh)? {
-            VirtualHandle::ViewFile(file) => super::sys::lseek(file.as_fd(), offset, whence),
+            VirtualHandle::ViewFile(file) => crate::sys::lseek(file.as_fd(), offset, whence),
             _ => Err(errno(libc::ESPIPE)),
         }
     }

@@ -38,7 +38,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use log::{debug, warn};
 use serde::{Deserialize, Serialize};
 
-use crate::fs::sys;
+use crate::sys;
 
 /// The exclusion settings of a mount, as given on the command line (or saved in the state
 /// dir by the previous mount, see `STATE/settings.json`).

@@ -47,7 +47,6 @@ mod migrate;
 mod open_files;
 mod process;
 pub mod report;
-pub mod rewind;
 pub mod status;
 pub mod store;
 mod track;
@@ -70,6 +69,10 @@ use exclusions::{ExclusionConfig, Exclusions, Verdict};
 use store::Store;
 
 pub use view::{ViewContent, ViewEntry};
+
+/// Name of the virtual control directory at the mount root. The passthrough core serves it;
+/// the history never tracks it and hides a real entry of that name in views.
+pub const CONTROL_DIR_NAME: &[u8] = b".checkpoint";
 
 /// Who asked for a change (from the FUSE request header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,7 +420,6 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
     std::str::from_utf8(rel).ok()
 }
 
-pub(crate) use track::open_source;
 pub use track::{open_history, open_history_readonly};
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use log::{debug, warn};
 
 use super::track::meta_of;
 use super::{History, VersionState};
-use crate::fs::sys;
+use crate::sys;
 use crate::transcript::record::EntryKind;
 
 /// Largest file copied with one direct read (it needs a buffer that size).

@@ -1,10 +1,8 @@
 //! Layer 1 (back up before the first change) and Layer 2 (checkpoints), plus replay.
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::SystemTime;
@@ -14,37 +12,13 @@ use log::{debug, info, warn};
 use super::store::{Store, SyncPolicy};
 use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
 use crate::durability::{self, Durability};
-use crate::fs::sys;
+use crate::sys::{self, errno, open_source};
 use crate::transcript::journal::Journal;
 use crate::transcript::record::{
     Actor, EntryKind, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, TrackedFileBackup, rfc3339,
 };
 use crate::transcript::replay::{read_transcript, truncate_torn_tail};
 use crate::transcript::writer::{TranscriptWriter, rewrite_atomically};
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
-}
-
-pub(crate) fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
-    let src_c = CString::new(source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
-    // SAFETY: valid C string; the fd is owned below.
-    let raw = unsafe {
-        libc::open(
-            src_c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if raw < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cannot open the source directory {}: {e}", source.display()),
-        ));
-    }
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
 
 /// What replay found in a state dir.
 struct Loaded {

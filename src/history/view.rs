@@ -5,9 +5,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
 
+use super::CONTROL_DIR_NAME;
 use super::{History, VersionState};
-use crate::fs::CONTROL_DIR_NAME;
-use crate::fs::sys;
+use crate::sys::{self, errno};
 use crate::transcript::record::{EntryKind, EntryMeta};
 
 /// Where a view entry's content comes from.
@@ -27,10 +27,6 @@ pub enum ViewContent {
 pub struct ViewEntry {
     pub meta: EntryMeta,
     pub content: ViewContent,
-}
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
 }
 
 impl History {

@@ -1,12 +1,33 @@
-//! Thin, allocation-free wrappers over the *read-only* syscalls the core needs.
+//! Thin, allocation-free wrappers over the *read-only* syscalls that the passthrough core
+//! (`fs`) and the history (`history`) both need: the layer below both.
 //!
-//! Syscalls that change SRC live in [`super::gate::mutate`] and need a
-//! [`super::gate::Permit`]; nothing in this file may modify the filesystem.
-use std::ffi::{CStr, OsStr};
+//! Syscalls that change SRC live in [`crate::fs::gate::mutate`] and need a
+//! [`crate::fs::gate::Permit`]; nothing in this file may modify the filesystem.
+use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, Instant};
+
+/// An `io::Error` for the errno `code`.
+pub fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+/// The errno of `e`, or 0 if it carries none.
+pub fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// `e` as a message for a person: without the " (os error N)" the standard library adds.
+pub fn error_text(e: &io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
 
 /// Converts a `-1` return into the thread's errno.
 pub fn cvt<T: PartialOrd + From<i8>>(ret: T) -> io::Result<T> {
@@ -438,4 +459,53 @@ impl FileId {
         // SAFETY: a fresh fd we own.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
+}
+
+/// poll(2) for POLLIN/POLLHUP on `fd`; `Ok(false)` on timeout.
+pub fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .min(i32::MAX as u128) as i32;
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is one valid pollfd, live for the duration of the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r > 0 {
+            return Ok(true);
+        }
+        if r == 0 {
+            return Ok(false);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Opens SRC itself (an O_PATH directory fd): the root every operation on SRC is relative to.
+pub fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
+    let src_c = CString::new(source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+    // SAFETY: valid C string; the fd is owned below.
+    let raw = unsafe {
+        libc::open(
+            src_c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("cannot open the source directory {}: {e}", source.display()),
+        ));
+    }
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }

@@ -13,15 +13,12 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use log::info;
 
-use super::logdiff::SessionChanges;
-use super::view::ViewEntry;
-use super::{History, agent_state};
-use crate::fs::{PassthroughFs, sys};
+use crate::fs::PassthroughFs;
+use crate::history::ViewEntry;
+use crate::history::logdiff::SessionChanges;
+use crate::history::{History, agent_state};
+use crate::sys::{self, errno};
 use crate::transcript::record::EntryKind;
-
-fn errno(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
-}
 
 /// One difference between the current tree and the target checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +59,7 @@ impl History {
     /// Whether the content of `rel` now equals the target's (called only when the kinds
     /// and, for files, the sizes agree).
     fn same_content(&self, rel: &str, target: &ViewEntry) -> io::Result<bool> {
-        let super::view::ViewContent::Object(name) = &target.content else {
+        let crate::history::ViewContent::Object(name) = &target.content else {
             // Live content: unchanged since the mount means equal.
             return Ok(true);
         };
@@ -74,7 +71,7 @@ impl History {
             }
             EntryKind::File => {
                 let file = File::from(sys::proc_reopen(fd.as_raw_fd(), libc::O_RDONLY)?);
-                Ok(&super::store::content_hash(&file)? == name)
+                Ok(&crate::history::store::content_hash(&file)? == name)
             }
             _ => Ok(true),
         }
@@ -409,7 +406,7 @@ fn open_in(root: &OwnedFd, rel: &str, flags: i32, mode: u32) -> io::Result<Owned
 /// Splits `rel` into its parent and a C-string name; a name with a NUL byte is a clear error,
 /// never an empty name (whose ENOENT would read as success).
 fn parent_and_name(rel: &str) -> io::Result<(&str, CString)> {
-    let (parent, name) = super::split_parent(rel);
+    let (parent, name) = crate::history::split_parent(rel);
     let c = CString::new(name).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -554,7 +551,7 @@ fn write_entry(
             let fd = open_in(root, rel, flags, 0o600)?;
             let out = File::from(fd);
             // Extents only, so a sparse file comes back sparse (and a hole costs no writes).
-            super::store::copy_sparse(&history.view_open(target)?, &out)?;
+            crate::history::store::copy_sparse(&history.view_open(target)?, &out)?;
             Ok(())
         }
         EntryKind::Symlink => {

@@ -1,0 +1,121 @@
+//! The kernel's mount table (/proc/self/mountinfo): parsing, and recognising a checkpointfs
+//! mount without asking its daemon (which may be dead).
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+/// The filesystem type of a checkpointfs mount in /proc/self/mountinfo.
+pub const FSTYPE: &str = "fuse.checkpointfs";
+
+/// One line of /proc/self/mountinfo (the parts we need).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub source: OsString,
+}
+
+/// Undoes the kernel's octal escaping of space, tab, newline and backslash.
+pub(crate) fn unescape_mountinfo(field: &[u8]) -> OsString {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        if field[i] == b'\\'
+            && i + 4 <= field.len()
+            && field[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = field[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+            out.push((v & 0xff) as u8);
+            i += 4;
+        } else {
+            out.push(field[i]);
+            i += 1;
+        }
+    }
+    OsString::from_vec(out)
+}
+
+/// Parses /proc/self/mountinfo; malformed lines are skipped.
+pub fn parse_mountinfo(text: &[u8]) -> Vec<MountEntry> {
+    text.split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            let sep = fields.iter().position(|f| *f == b"-")?;
+            if sep < 6 {
+                return None;
+            }
+            let fstype = fields.get(sep + 1)?;
+            let source = fields.get(sep + 2).copied().unwrap_or(b"");
+            Some(MountEntry {
+                mount_point: PathBuf::from(unescape_mountinfo(fields[4])),
+                fstype: String::from_utf8_lossy(fstype).into_owned(),
+                source: unescape_mountinfo(source),
+            })
+        })
+        .collect()
+}
+
+/// Whether a mount table entry is recognizably checkpointfs without asking its daemon:
+/// fstype `fuse.checkpointfs` (mounted through fusermount with a subtype), or a FUSE
+/// mount whose source is `checkpointfs` (fuser's direct mount(2) always uses fstype `fuse`
+/// and takes the source from FSName, else Subtype).
+pub fn is_checkpointfs_mount(entry: &MountEntry) -> bool {
+    entry.fstype == FSTYPE
+        || ((entry.fstype == "fuse" || entry.fstype.starts_with("fuse."))
+            && entry.source == "checkpointfs")
+}
+
+/// The topmost mount at `mount_point`, if any.
+pub fn find_mount(mount_point: &Path) -> io::Result<Option<MountEntry>> {
+    let text = fs::read("/proc/self/mountinfo")?;
+    Ok(parse_mountinfo(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == mount_point))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo() {
+        let text = b"36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw\n\
+                     40 35 0:50 / /tmp/m rw,nosuid,nodev,relatime shared:5 - fuse.checkpointfs /src rw,user_id=0\n\
+                     garbage line\n";
+        let m = parse_mountinfo(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].mount_point, PathBuf::from("/mnt/with space"));
+        assert_eq!(m[0].fstype, "ext3");
+        assert_eq!(m[1].mount_point, PathBuf::from("/tmp/m"));
+        assert_eq!(m[1].fstype, FSTYPE);
+        assert_eq!(m[1].source, OsString::from("/src"));
+        assert!(is_checkpointfs_mount(&m[1]));
+        assert!(!is_checkpointfs_mount(&m[0]));
+        let direct = MountEntry {
+            mount_point: "/m".into(),
+            fstype: "fuse".into(),
+            source: "checkpointfs".into(),
+        };
+        assert!(is_checkpointfs_mount(&direct));
+        let other = MountEntry {
+            source: "sshfs#host:".into(),
+            ..direct
+        };
+        assert!(!is_checkpointfs_mount(&other));
+        assert_eq!(
+            unescape_mountinfo(b"a\\134b\\011c\\012"),
+            OsString::from("a\\b\tc\n")
+        );
+        assert_eq!(
+            unescape_mountinfo(b"trailing\\04"),
+            OsString::from("trailing\\04")
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! The crate's modules import one way only: each top-level module sits in a layer, and code
+//! (tests aside) may name only modules of lower layers. A new module must be placed here, so
+//! the layering is decided, not accreted. No mount; reads the sources.
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+
+/// Top to bottom. A module may use the modules of the layers below its own, never its own
+/// layer's or one above.
+const LAYERS: &[&[&str]] = &[
+    // the command line: clap definitions and dispatch
+    &["cli"],
+    // what the subcommands do
+    &[
+        "commands",
+        "manuals",
+        "install_hook",
+        "mount_validation",
+        "spawn",
+    ],
+    // one mount's daemon; unmounting one
+    &["daemon", "unmount"],
+    // the daemon's control socket; the watchdog process; the record of mounts
+    &["control", "watchdog", "registry"],
+    // rewind (drives the mount through the core), the FUSE adapter, mounting through
+    // fusermount3, mount settings
+    &["rewind", "fuse_adapter", "fusermount", "settings"],
+    // the passthrough core and the mutation gate
+    &["fs"],
+    // the file-history system; kernel mount options
+    &["history", "mount_options"],
+    // Layer 3, the transcript; the mount table; the state dir's lock
+    &["transcript", "mountinfo", "state_lock"],
+    // leaves: syscall helpers, checkpoint ids, durability modes, state-dir files, exit codes
+    &["sys", "ids", "durability", "state_dir", "exit_status"],
+];
+
+/// The top-level modules named as `crate::NAME` in `text`, outside comments and the
+/// `#[cfg(test)]` module (tests may reach anywhere).
+fn imports(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let mut out = BTreeSet::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        let mut rest = line;
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// Top-level module name → the modules its files import.
+fn module_imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(src).unwrap();
+            let first = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
+            let module = first.trim_end_matches(".rs").to_string();
+            if module == "lib" || module == "main" {
+                continue;
+            }
+            let mut used = imports(&fs::read_to_string(&path).unwrap());
+            used.remove(&module);
+            graph.entry(module).or_default().extend(used);
+        }
+    }
+    graph
+}
+
+#[test]
+fn modules_import_only_from_lower_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = module_imports(&src);
+    let layer_of: BTreeMap<&str, usize> = LAYERS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, layer)| layer.iter().map(move |m| (*m, i)))
+        .collect();
+    assert_eq!(
+        layer_of.len(),
+        LAYERS.iter().map(|l| l.len()).sum::<usize>(),
+        "a module is listed twice in LAYERS"
+    );
+    let unplaced: Vec<&String> = graph
+        .keys()
+        .filter(|m| !layer_of.contains_key(m.as_str()))
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules not placed in a layer of tests/layers.rs: {unplaced:?}"
+    );
+    let stale: Vec<&&str> = layer_of
+        .keys()
+        .filter(|m| !graph.contains_key(**m))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "LAYERS names modules that do not exist: {stale:?}"
+    );
+    let mut wrong = Vec::new();
+    for (module, used) in &graph {
+        let here = layer_of[module.as_str()];
+        for dep in used {
+            match layer_of.get(dep.as_str()) {
+                Some(&there) if there > here => {}
+                Some(&there) => wrong.push(format!(
+                    "{module} (layer {here}) imports {dep} (layer {there})"
+                )),
+                None => wrong.push(format!("{module} imports unknown module {dep}")),
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports against the layering:\n  {}",
+        wrong.join("\n  ")
+    );
+}
+
+#[test]
+fn the_import_scanner_sees_paths_and_skips_comments_and_tests() {
+    let text = "use crate::fs::PassthroughFs;\n\
+                let x = crate::sys::fstat(fd); // crate::cli::nope\n\
+                /// [`crate::daemon`] in a doc comment\n\
+                #[cfg(test)]\nmod tests { use crate::cli::Cli; }\n";
+    let found: Vec<String> = imports(text).into_iter().collect();
+    assert_eq!(found, ["fs", "sys"]);
+}
