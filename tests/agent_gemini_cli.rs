@@ -12,6 +12,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -139,6 +140,16 @@ impl User {
         User { home, proxy_trap }
     }
 
+    /// `checkpointfs install-hook gemini --user` for this user.
+    fn install_hook(&self) {
+        let out = Command::new(BIN)
+            .args(["install-hook", "gemini", "--user"])
+            .env("HOME", self.home.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+
     /// Asserts that nothing connected to the proxy trap: all traffic went to the mock.
     fn assert_nothing_left(&self) {
         match self.proxy_trap.accept() {
@@ -149,11 +160,26 @@ impl User {
 
     /// `gemini -p PROMPT --yolo SESSION_ARGS` in `cwd`, against `mock`.
     fn command(&self, mock: &Mock, cwd: &Path, session_args: &[&str], prompt: &str) -> Command {
+        self.command_via(&[], mock, cwd, session_args, prompt)
+    }
+
+    /// As [`User::command`], run by `wrapper` (a program and its arguments, e.g.
+    /// `with-checkpoints SRC --`), which gets the same environment.
+    fn command_via(
+        &self,
+        wrapper: &[&OsStr],
+        mock: &Mock,
+        cwd: &Path,
+        session_args: &[&str],
+        prompt: &str,
+    ) -> Command {
         let home = self.home.path();
         let proxy = format!("http://{}", self.proxy_trap.local_addr().unwrap());
-        let mut c = Command::new("timeout");
-        c.arg("120")
-            .arg(gemini_bin())
+        let bin = gemini_bin();
+        let mut argv: Vec<&OsStr> = wrapper.to_vec();
+        argv.extend([OsStr::new("timeout"), OsStr::new("120"), bin.as_os_str()]);
+        let mut c = Command::new(argv[0]);
+        c.args(&argv[1..])
             .args(["-p", prompt, "--yolo", "-m", "gemini-2.5-flash"])
             .args(session_args)
             .current_dir(cwd)
@@ -340,12 +366,7 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
     let user = User::new();
     // The user-level hook as well: Gemini CLI runs identical hooks (name and command) once,
     // so this still takes one checkpoint per prompt.
-    let out = Command::new(BIN)
-        .args(["install-hook", "gemini", "--user"])
-        .env("HOME", user.home.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
+    user.install_hook();
     let t0 = std::time::Instant::now();
 
     let tree0 = tree_listing(&mnt);
@@ -411,6 +432,18 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
         "{:?}",
         mock.requests()
     );
+
+    // --resume really continued the conversation: prompt N's requests carry N prompts.
+    for (marker, n) in [("[p1]", 1), ("[p2]", 2), ("[p3]", 3)] {
+        assert!(
+            mock.requests()
+                .iter()
+                .filter(|r| r["marker"] == marker)
+                .all(|r| r["prompts"] == n),
+            "{marker}: {:?}",
+            mock.requests()
+        );
+    }
 
     // One checkpoint per prompt, named by the session; each is the tree as the prompt found it.
     let ids = checkpoint_ids(&m);
@@ -830,4 +863,96 @@ fn install_hook_gemini_installs_a_command_that_checkpoints() {
     let back: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(back, theirs);
     assert!(install(&["--remove"]).contains("nothing to remove"));
+}
+
+/// Unmounts (lazily) whatever is still mounted below a directory when dropped: the mount
+/// with-checkpoints makes, should the test fail while it is up.
+struct UnmountBelow(PathBuf);
+
+impl Drop for UnmountBelow {
+    fn drop(&mut self) {
+        for (mp, _) in mounts_under(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&mp).status();
+        }
+    }
+}
+
+/// `with-checkpoints SRC -- gemini ...` twice: the mount is at the same path both times, so
+/// `gemini --resume latest` (sessions are keyed by the project's path) finds the session,
+/// and the hook's numbering goes on in the same history.
+#[test]
+fn gemini_under_with_checkpoints_resumes_its_session_next_run() {
+    let m = TestMount::unmounted(&[]);
+    let xdg = tempfile::tempdir().unwrap();
+    fs::set_permissions(xdg.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    let _unmount = UnmountBelow(xdg.path().to_path_buf());
+    let user = User::new();
+    user.install_hook();
+    let mock = Mock::start(json!({
+        "[w1]": [shell("echo one > w.txt")],
+        "[w2]": [shell("echo two >> w.txt")],
+    }));
+    let script = repo().join("mount-scripts/with-checkpoints");
+    let wrapper: Vec<&OsStr> = vec![
+        script.as_os_str(),
+        OsStr::new("--state-dir"),
+        m.state.as_os_str(),
+        m.src.as_os_str(),
+        OsStr::new("--"),
+    ];
+    for (session_args, prompt) in [
+        (&["--session-id", SESSION][..], "[w1] start"),
+        (&["--resume", "latest"][..], "[w2] go on"),
+    ] {
+        let out = user
+            .command_via(&wrapper, &mock, Path::new("/"), session_args, prompt)
+            .env("CHECKPOINTFS", BIN)
+            .env("XDG_RUNTIME_DIR", xdg.path())
+            .output()
+            .unwrap();
+        check_run(&out, prompt);
+        assert!(
+            mounts_under(xdg.path()).is_empty(),
+            "with-checkpoints left a mount"
+        );
+    }
+    user.assert_nothing_left();
+    assert_eq!(
+        fs::read_to_string(m.src.join("w.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    // The second run continued the first one's conversation...
+    assert!(
+        mock.requests()
+            .iter()
+            .filter(|r| r["marker"] == "[w2]")
+            .all(|r| r["prompts"] == 2),
+        "{:?}",
+        mock.requests()
+    );
+    // ... and its session's checkpoint numbering, in one history.
+    let log: Value = serde_json::from_str(&cli_ok(&[
+        "log",
+        "--state-dir",
+        m.state.to_str().unwrap(),
+        "--json",
+    ]))
+    .unwrap();
+    let cps = log["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 2, "{log:#}");
+    for (n, cp) in cps.iter().enumerate() {
+        assert!(
+            is_hook_id(cp["id"].as_str().unwrap(), SESSION, n as u32 + 1),
+            "{log:#}"
+        );
+    }
+    let session = vec![SESSION.to_string()];
+    assert_eq!(
+        changes(&cps[0]),
+        [("w.txt".to_string(), "added".to_string(), session.clone())]
+    );
+    assert_eq!(
+        changes(&cps[1]),
+        [("w.txt".to_string(), "modified".to_string(), session)]
+    );
 }

@@ -20,7 +20,9 @@ gets a JSON text that satisfies the CLI's small classifiers (next speaker: user)
 countTokens answers a token estimate; anything else is 404 and logged.
 
 Every request is appended to LOG_FILE as one JSON line:
-  {"method", "path", "marker", "step", "answer"}  (answer: a tool name, "text" or "json")
+  {"method", "path", "marker", "step", "answer", "prompts"}
+(answer: a tool name, "text", "json", "count" or "404"; prompts, for generate requests: how
+many user prompts the request's history holds, e.g. 2 for the second prompt of a session)
 """
 import json
 import os
@@ -38,14 +40,19 @@ def log(entry):
         f.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
+def is_prompt(content):
+    """Whether a turn of "contents" is a user prompt (text, not a tool result)."""
+    parts = content.get("parts", [])
+    return (content.get("role", "user") == "user"
+            and any(isinstance(p.get("text"), str) for p in parts)
+            and not any("functionResponse" in p for p in parts))
+
+
 def prompt_and_step(contents):
     """The text of the last user prompt, and how many model turns followed it."""
     for i in range(len(contents) - 1, -1, -1):
-        c = contents[i]
-        if c.get("role", "user") != "user":
-            continue
-        texts = [p["text"] for p in c.get("parts", []) if isinstance(p.get("text"), str)]
-        if texts and not any("functionResponse" in p for p in c.get("parts", [])):
+        if is_prompt(contents[i]):
+            texts = [p["text"] for p in contents[i]["parts"] if isinstance(p.get("text"), str)]
             step = sum(1 for d in contents[i + 1:] if d.get("role") == "model")
             return "\n".join(texts), step
     return "", 0
@@ -75,6 +82,16 @@ def answer(body):
         "modelVersion": "mock-gemini",
     }
     return response, marker, step, kind
+
+
+def generate(path, body):
+    """Answers a generate request and logs it; the number of prompts in its history shows
+    whether the CLI sent an earlier conversation along (a resumed session)."""
+    resp, marker, step, kind = answer(body)
+    prompts = sum(1 for c in body.get("contents", []) if is_prompt(c))
+    log({"method": "POST", "path": path, "marker": marker, "step": step, "answer": kind,
+         "prompts": prompts})
+    return resp
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -110,15 +127,9 @@ class Handler(BaseHTTPRequestHandler):
                  "answer": "count"})
             self.send_json(200, {"totalTokens": n})
         elif path.endswith(":generateContent"):
-            resp, marker, step, kind = answer(body)
-            log({"method": "POST", "path": self.path, "marker": marker, "step": step,
-                 "answer": kind})
-            self.send_json(200, resp)
+            self.send_json(200, generate(self.path, body))
         elif path.endswith(":streamGenerateContent"):
-            resp, marker, step, kind = answer(body)
-            log({"method": "POST", "path": self.path, "marker": marker, "step": step,
-                 "answer": kind})
-            data = ("data: " + json.dumps(resp) + "\r\n\r\n").encode()
+            data = ("data: " + json.dumps(generate(self.path, body)) + "\r\n\r\n").encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Content-Length", str(len(data)))
