@@ -121,7 +121,8 @@ pub enum Command {
         ~/.claude/settings.json (--user, the default: every session, started anywhere) or \
         DIR/.claude/settings.json (--project DIR: sessions started in DIR).\n\
         gemini: a BeforeAgent hook running mount-scripts/gemini-cli-hook, in \
-        ~/.gemini/settings.json or DIR/.gemini/settings.json.\n\n\
+        ~/.gemini/settings.json or DIR/.gemini/settings.json (Gemini CLI runs a project's \
+        hooks only in a trusted folder).\n\n\
         The file is edited as JSON: other settings and hooks stay as they are. Running it \
         twice installs one hook; --remove takes out only ours. Outside a checkpointfs mount \
         the hook does nothing, so a user-level hook is harmless."
