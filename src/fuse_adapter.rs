@@ -93,7 +93,14 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // POSIX ACLs: the kernel enforces them from the system.posix_acl_* xattrs
+            // (passed through to SRC), and with FUSE_DONT_MASK it sends modes unmasked
+            // plus the umask, which `fs::sys::with_umask` applies as SRC's filesystem
+            // does (not under a default ACL). SRC's filesystem also keeps mode and ACL in
+            // step on chmod and setfacl.
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         for flag in wanted.iter() {
             if config.add_capabilities(flag).is_err() {
                 debug!("kernel lacks capability {flag:?}");
@@ -195,11 +202,14 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.fs.mknod(&caller(req), parent.0, name, mode, rdev) {
+        match self
+            .fs
+            .mknod(&caller(req), parent.0, name, mode, umask, rdev)
+        {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("mknod", e)),
         }
@@ -211,10 +221,10 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.fs.mkdir(&caller(req), parent.0, name, mode) {
+        match self.fs.mkdir(&caller(req), parent.0, name, mode, umask) {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("mkdir", e)),
         }
@@ -547,15 +557,20 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let make_backing = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        match self
-            .fs
-            .create(&caller(req), parent.0, name, mode, flags, &make_backing)
-        {
+        match self.fs.create(
+            &caller(req),
+            parent.0,
+            name,
+            mode,
+            umask,
+            flags,
+            &make_backing,
+        ) {
             Ok((e, o)) => match &o.backing {
                 Some(id) => reply.created_passthrough(
                     &e.ttl,

@@ -411,10 +411,13 @@ impl PassthroughFs {
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         rdev: u32,
     ) -> io::Result<Entry> {
         self.create_entry(caller, parent, name, false, &|permit, dir, c| {
-            mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
+            sys::with_umask(umask, mode, |mode| {
+                mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
+            })
         })
     }
 
@@ -424,9 +427,10 @@ impl PassthroughFs {
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
     ) -> io::Result<Entry> {
         self.create_entry(caller, parent, name, true, &|permit, dir, c| {
-            mutate::mkdirat(permit, dir, c, mode)
+            sys::with_umask(umask, mode, |mode| mutate::mkdirat(permit, dir, c, mode))
         })
     }
 
@@ -693,12 +697,14 @@ impl PassthroughFs {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         flags: i32,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<(Entry, Opened)> {
@@ -719,9 +725,11 @@ impl PassthroughFs {
                 // Reopened (if need be) as the daemon, not as the caller.
                 let dir = parent.fd()?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                let fd = self
-                    .inodes
-                    .retry_on_emfile(|| mutate::openat(&permit, dir.as_fd(), c, own, mode))?;
+                let fd = self.inodes.retry_on_emfile(|| {
+                    sys::with_umask(umask, mode, |mode| {
+                        mutate::openat(&permit, dir.as_fd(), c, own, mode)
+                    })
+                })?;
                 (fd, permit.touches_rules())
             };
             let entry = self.adopt_created(fd.as_fd(), &parent, c)?;
@@ -1103,7 +1111,13 @@ impl PassthroughFs {
             &name,
             value,
             flags,
-        )
+        )?;
+        // SRC's filesystem has set the mode from the ACL, judging the daemon's privilege.
+        if name.as_bytes() == b"system.posix_acl_access" {
+            let to_drop = self.privs_to_drop(caller, &inode, privs::to_drop_on_acl)?;
+            Self::drop_privs(&permit, &inode, to_drop)?;
+        }
+        Ok(())
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> io::Result<()> {

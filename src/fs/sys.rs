@@ -351,6 +351,60 @@ impl Drop for FsCredsGuard {
     }
 }
 
+/// Runs `create` with the caller's `umask` applied the way a local filesystem applies it:
+/// by the filesystem underneath, which ignores the umask when the parent directory has a
+/// default POSIX ACL (the ACL's mask decides instead). With `FUSE_DONT_MASK` the kernel
+/// sends the mode unmasked plus the umask, so that rule can only be applied here; libfuse's
+/// and virtiofsd's servers do the same with a scoped per-thread umask.
+///
+/// The umask lives in the `fs_struct`, which all threads share: the calling thread first
+/// gets its own (`unshare(CLONE_FS)`, once per thread), so that no other thread's creations
+/// see it. Invariant: outside this function every thread's umask is 0 (see `daemon::serve`).
+/// If a thread cannot have its own, `create` gets `mode & !umask` (what the kernel does
+/// without FUSE_DONT_MASK: right except under a default ACL), logged once.
+pub fn with_umask<R>(umask: u32, mode: u32, create: impl FnOnce(u32) -> R) -> R {
+    thread_local! {
+        static OWN_FS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    let umask = umask & 0o777;
+    if umask == 0 {
+        return create(mode);
+    }
+    let own = OWN_FS.with(|own| {
+        if let Some(known) = own.get() {
+            return known;
+        }
+        let got = (|| {
+            // SAFETY: unshare(CLONE_FS) only gives this thread a private copy of its
+            // fs_struct (root, cwd, umask); no memory is involved.
+            if unsafe { libc::unshare(libc::CLONE_FS) } == 0 {
+                return true;
+            }
+            static LOGGED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "unshare(CLONE_FS) failed ({}): the umask is applied to new files even \
+                     under a default ACL (logged once)",
+                    io::Error::last_os_error()
+                );
+            }
+            false
+        })();
+        own.set(Some(got));
+        got
+    });
+    if !own {
+        return create(mode & !umask);
+    }
+    // SAFETY: umask has no preconditions; this thread's fs_struct is its own (above).
+    unsafe { libc::umask(umask as libc::mode_t) };
+    let out = create(mode);
+    // SAFETY: as above; back to the invariant's 0.
+    unsafe { libc::umask(0) };
+    out
+}
+
 pub fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
