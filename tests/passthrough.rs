@@ -60,6 +60,7 @@ both_modes!(
     access_checks,
     xattrs,
     posix_acls,
+    symlink_xattrs,
     open_fd_survives_renames_of_ancestors,
     open_fd_survives_unlink,
     forgets_after_drop_caches,
@@ -1351,6 +1352,51 @@ fn posix_acls(args: &[&str]) {
     ] {
         assert!(out.contains(expected), "{expected:?} missing in:\n{out}");
     }
+}
+
+/// xattrs on a symlink act on the symlink itself (not on the procfs link the daemon's O_PATH
+/// fd is, nor on the target), also after a rename of the link: `trusted.*` works as root,
+/// `user.*` is refused, as on ext4 underneath.
+fn symlink_xattrs(args: &[&str]) {
+    let m = TestMount::with_args(args);
+    let out = same_as_underneath(
+        &m,
+        "sx",
+        "ln -s nowhere l
+         setfattr -h -n trusted.a -v one l
+         getfattr -h --only-values -n trusted.a l; echo
+         setfattr -h -n user.a -v one l 2>&1 || echo user refused
+         mv l l2
+         setfattr -h -n trusted.b -v two l2
+         getfattr -h -d -m trusted l2
+         setfattr -h -x trusted.a l2
+         getfattr -h -d -m trusted l2
+         echo data > f; setfattr -n trusted.f -v target f; ln -s f lf
+         getfattr -h -n trusted.f lf 2>&1 || echo not on the link
+         getfattr --only-values -n trusted.f lf; echo",
+    );
+    for expected in [
+        "one\n",
+        "user refused",
+        "trusted.a=\"one\"\ntrusted.b=\"two\"",
+        "not on the link",
+        "target\n",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing in:\n{out}");
+    }
+    // Seen in SRC on the link itself.
+    let link = c(&m.src.join("sx/l2"));
+    let mut buf = [0u8; 16];
+    // SAFETY: C strings; buf is writable for its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            link.as_ptr(),
+            c"trusted.b".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(&buf[..usize::try_from(n).unwrap()], b"two");
 }
 
 // ---- inode-table robustness ------------------------------------------------------------

@@ -1073,13 +1073,40 @@ impl PassthroughFs {
         })
     }
 
+    /// Runs `f` with the path an xattr call reaches `inode` by (see [`sys::XattrPath`]). A
+    /// symlink is reached through its origin's parent directory and name (inodes invariant
+    /// 4), accepted only if the object there is this entry's (`(st_dev, st_ino)` checked
+    /// just before; a rename racing that check is the window left, since no fd-based xattr
+    /// call takes a symlink); otherwise ESTALE, as a failed reopen would be.
+    fn with_xattr_path<R>(
+        &self,
+        inode: &Inode,
+        f: impl FnOnce(&sys::XattrPath) -> io::Result<R>,
+    ) -> io::Result<R> {
+        if !inode.is_symlink() {
+            return f(&sys::XattrPath::of_fd(inode.fd()?.as_raw_fd()));
+        }
+        let (parent, name) = inode.origin().ok_or_else(|| errno(libc::ESTALE))?;
+        let dir = parent.fd()?;
+        let st = sys::fstatat(dir.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
+            .map_err(|_| errno(libc::ESTALE))?;
+        if inodes::ObjectKey::of(&st) != inode.key {
+            return Err(errno(libc::ESTALE));
+        }
+        f(&sys::XattrPath::in_dir(dir.as_raw_fd(), &name))
+    }
+
+    fn xattr_name(name: &OsStr) -> io::Result<std::ffi::CString> {
+        std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))
+    }
+
     pub fn getxattr(&self, ino: u64, name: &OsStr, buf: &mut [u8]) -> io::Result<usize> {
         if virt::is_virtual(ino) {
             return Err(errno(libc::ENODATA));
         }
         let inode = self.inode(ino)?;
-        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
-        sys::getxattr(inode.fd()?.as_raw_fd(), inode.is_symlink(), &name, buf)
+        let name = Self::xattr_name(name)?;
+        self.with_xattr_path(&inode, |at| sys::getxattr(at, &name, buf))
     }
 
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
@@ -1087,7 +1114,7 @@ impl PassthroughFs {
             return Ok(0);
         }
         let inode = self.inode(ino)?;
-        sys::listxattr(inode.fd()?.as_raw_fd(), inode.is_symlink(), buf)
+        self.with_xattr_path(&inode, |at| sys::listxattr(at, buf))
     }
 
     pub fn setxattr(
@@ -1102,16 +1129,11 @@ impl PassthroughFs {
             return Err(errno(libc::EROFS));
         }
         let inode = self.inode(ino)?;
-        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        let name = Self::xattr_name(name)?;
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        mutate::setxattr(
-            &permit,
-            inode.fd()?.as_raw_fd(),
-            inode.is_symlink(),
-            &name,
-            value,
-            flags,
-        )?;
+        self.with_xattr_path(&inode, |at| {
+            mutate::setxattr(&permit, at, &name, value, flags)
+        })?;
         // SRC's filesystem has set the mode from the ACL, judging the daemon's privilege.
         if name.as_bytes() == b"system.posix_acl_access" {
             let to_drop = self.privs_to_drop(caller, &inode, privs::to_drop_on_acl)?;
@@ -1125,9 +1147,9 @@ impl PassthroughFs {
             return Err(errno(libc::EROFS));
         }
         let inode = self.inode(ino)?;
-        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        let name = Self::xattr_name(name)?;
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        mutate::removexattr(&permit, inode.fd()?.as_raw_fd(), inode.is_symlink(), &name)
+        self.with_xattr_path(&inode, |at| mutate::removexattr(&permit, at, &name))
     }
 
     /// Paths (relative to the mount root) of files currently open for writing: a
