@@ -58,10 +58,11 @@ pub struct Opened {
     pub backing: Option<Arc<BackingId>>,
     pub direct_io: bool,
     pub keep_cache: bool,
-    /// The kernel must send FLUSH at close(2): the handle writes a file the exclusion
-    /// rules are read from, and close(2) waits for FLUSH (RELEASE comes asynchronously,
-    /// possibly after the caller's next request), so the new rules are in force before
-    /// close returns.
+    /// The kernel must send FLUSH at close(2), which waits for it (RELEASE comes
+    /// asynchronously, possibly after the caller's next request). Two reasons: the handle
+    /// writes a file the exclusion rules are read from, so the new rules are in force
+    /// before close returns; or it writes through kernel passthrough, so the kernel's
+    /// cached attributes can be dropped before close returns (see [`PassthroughFs::flush`]).
     pub flush_on_close: bool,
 }
 
@@ -655,6 +656,7 @@ impl PassthroughFs {
         } else {
             None
         };
+        let passthrough = backing.is_some();
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
         let keep_cache = backing.is_none();
         let fh = self.handles.insert(Handle::File(FileHandle {
@@ -669,7 +671,7 @@ impl PassthroughFs {
             backing,
             direct_io,
             keep_cache,
-            flush_on_close: writes_rules,
+            flush_on_close: writes_rules || (writable && passthrough),
         })
     }
 
@@ -804,15 +806,23 @@ impl PassthroughFs {
         Ok(written as u32)
     }
 
-    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<()> {
-        // Nothing buffered in the daemon; POSIX locks are handled by the kernel. FLUSH comes
-        // with every close(2), which waits for it (RELEASE may come later).
-        if !virt::is_virtual_handle(fh)
-            && let Some(handle) = self.handles.get(fh)
-        {
-            self.written_file_closed(&handle);
+    /// FLUSH, at every close(2) of a handle opened with `flush_on_close`. Returns whether
+    /// the kernel's cached attributes of the inode must be dropped (the adapter tells the
+    /// kernel before replying): the handle wrote through kernel passthrough, where a write
+    /// through a shared mapping goes to SRC's page cache without the FUSE inode hearing of
+    /// it, so the mtime/ctime SRC's filesystem set at the page fault would otherwise stay
+    /// hidden behind the day-long attribute timeout (xfstests generic/080, 215). write(2)
+    /// through passthrough needs none of this: the kernel invalidates them itself.
+    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<bool> {
+        // Nothing buffered in the daemon; POSIX locks are handled by the kernel.
+        if virt::is_virtual_handle(fh) {
+            return Ok(false);
         }
-        Ok(())
+        let Some(handle) = self.handles.get(fh) else {
+            return Ok(false);
+        };
+        self.written_file_closed(&handle);
+        Ok(matches!(&*handle, Handle::File(f) if f.writable && f.backing.is_some()))
     }
 
     /// Data written through a handle is final once it is closed: that is when a written
