@@ -155,6 +155,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     };
     options.acl = acl;
     let adapter = FuseAdapter::new(fs.clone());
+    let notifier_slot = adapter.notifier_slot();
     // As root, mount ourselves so the type reads `fuse.checkpointfs`; a normal user cannot
     // mount(2) and may not even open /dev/fuse, so the setuid fusermount3 mounts for it.
     // SAFETY: geteuid has no preconditions.
@@ -164,6 +165,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other, &cfg.options)?
     };
     let session = Session::from_fd(adapter, dev, acl, options)?;
+    let _ = notifier_slot.set(session.notifier());
     info!(
         "mounted {} at {} (state {}, {} threads, durability {})",
         cfg.source.display(),
