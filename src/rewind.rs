@@ -228,6 +228,9 @@ pub struct RewindOptions {
     pub session: Option<String>,
     /// With `session`: rewind paths others changed too.
     pub force: bool,
+    /// The agent session of whoever asked for the rewind, if any: its `ID:before-rewind`
+    /// checkpoint is recorded under it, as a checkpoint that process took itself would be.
+    pub checkpoint_session: Option<String>,
 }
 
 /// Narrows `only` to what `session` changed after checkpoint `k`. Refuses (changing
@@ -361,7 +364,7 @@ pub fn rewind(
         return Ok(out);
     }
     let saved = history.unused_rewind_id(id);
-    fs.checkpoint(&saved)?;
+    fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
     let root = open_mount_root(history)?;
     apply(history, &root, &steps, progress)?;

@@ -36,6 +36,12 @@ pub struct Record {
     /// the same way (a full map repeats versions already known, which replay skips).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub delta: bool,
+    /// Extra: only in checkpoints, only when known: the agent session whose process tree
+    /// took this checkpoint (the process that wrote the id to ctl, or that asked over the
+    /// control socket, is the registered session root or one of its descendants). Absent in
+    /// records from before the field, and for checkpoints taken outside any session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -192,6 +198,7 @@ impl Record {
             seq,
             gc_base: false,
             delta: false,
+            session: None,
         }
     }
 
