@@ -663,57 +663,6 @@ fn session_checkpoint(m: &TestMount, session: &str, id: &str) {
     as_session(m, session, &format!("printf '{id}\\n' > .checkpoint/ctl"));
 }
 
-/// A log document as (id, session, until, session_until, [(path, change, sessions)]) per
-/// checkpoint, for exact comparison.
-type Grouping = Vec<(
-    String,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Vec<(String, String, Vec<String>)>,
-)>;
-
-fn grouping(log: &serde_json::Value) -> Grouping {
-    let opt = |v: &serde_json::Value| v.as_str().map(str::to_string);
-    log["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            let changes = c["changes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|ch| {
-                    let sessions = ch["sessions"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|s| s.as_str().unwrap().to_string())
-                        .collect();
-                    (
-                        ch["path"].as_str().unwrap().to_string(),
-                        ch["change"].as_str().unwrap().to_string(),
-                        sessions,
-                    )
-                })
-                .collect::<Vec<_>>();
-            assert_eq!(
-                c["files_changed"].as_u64(),
-                Some(changes.len() as u64),
-                "{c}"
-            );
-            (
-                c["id"].as_str().unwrap().to_string(),
-                opt(&c["session"]),
-                opt(&c["until"]),
-                opt(&c["session_until"]),
-                changes,
-            )
-        })
-        .collect()
-}
-
 /// The size after a change listed in `log`, by checkpoint id and path.
 fn size_after(log: &serde_json::Value, id: &str, path: &str) -> u64 {
     let c = log["checkpoints"]
@@ -759,6 +708,7 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
     fs::write(m.mnt.join("user.txt"), "user 2\n").unwrap();
 
     let mnt_path = m.mnt.clone();
+    let read = |f: &str| fs::read_to_string(mnt_path.join(f)).unwrap();
     let mnt = mnt_path.to_str().unwrap();
     let json = |args: &[&str]| -> serde_json::Value {
         let mut all = vec!["log", mnt, "--json"];
@@ -775,56 +725,56 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
     };
     // Each session's prompt runs from its checkpoint to its own next one; the user's
     // changes go under the tree's latest checkpoint, as with one session.
-    let a1 = (
-        "A-1".to_string(),
-        s(a),
-        s("B-1"),
-        s("A-2"),
-        vec![
+    let a1 = LoggedCheckpoint {
+        id: "A-1".to_string(),
+        session: s(a),
+        until: s("B-1"),
+        session_until: s("A-2"),
+        changes: vec![
             ch("a.txt", "modified", &[a]),
             ch("shared.txt", "modified", &[a]),
         ],
-    );
-    let b1 = (
-        "B-1".to_string(),
-        s(b),
-        s("A-2"),
-        s("B-2"),
-        vec![ch("b.txt", "modified", &[b]), ch("b2.txt", "added", &[b])],
-    );
-    let a2 = (
-        "A-2".to_string(),
-        s(a),
-        s("B-2"),
-        None,
-        vec![
+    };
+    let b1 = LoggedCheckpoint {
+        id: "B-1".to_string(),
+        session: s(b),
+        until: s("A-2"),
+        session_until: s("B-2"),
+        changes: vec![ch("b.txt", "modified", &[b]), ch("b2.txt", "added", &[b])],
+    };
+    let a2 = LoggedCheckpoint {
+        id: "A-2".to_string(),
+        session: s(a),
+        until: s("B-2"),
+        session_until: None,
+        changes: vec![
             ch("a.txt", "modified", &[a]),
             ch("a3.txt", "added", &[a]),
             ch("user.txt", "modified", &[]),
         ],
-    );
-    let b2 = (
-        "B-2".to_string(),
-        s(b),
-        s("u-1"),
-        None,
-        vec![
+    };
+    let b2 = LoggedCheckpoint {
+        id: "B-2".to_string(),
+        session: s(b),
+        until: s("u-1"),
+        session_until: None,
+        changes: vec![
             ch("b.txt", "modified", &[b]),
             ch("shared.txt", "modified", &[b]),
         ],
-    );
-    let u1 = (
-        "u-1".to_string(),
-        None,
-        None,
-        None,
-        vec![ch("user.txt", "modified", &[])],
-    );
+    };
+    let u1 = LoggedCheckpoint {
+        id: "u-1".to_string(),
+        session: None,
+        until: None,
+        session_until: None,
+        changes: vec![ch("user.txt", "modified", &[])],
+    };
     let log = json(&[]);
     assert_eq!(log["schema"], "checkpointfs.log/3");
     assert_eq!(log["before_first"]["files_changed"], 0, "{log}");
     assert_eq!(
-        grouping(&log),
+        logged_checkpoints(&log),
         vec![a1.clone(), b1.clone(), a2.clone(), b2.clone(), u1.clone()],
         "{log:#}"
     );
@@ -839,11 +789,15 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
     // Per session: its own checkpoints, its own changes only.
     let only_a = json(&["--session", a]);
     let mut a2_own = a2.clone();
-    a2_own.4.retain(|c| c.0 != "user.txt");
-    assert_eq!(grouping(&only_a), vec![a1.clone(), a2_own], "{only_a:#}");
+    a2_own.changes.retain(|c| c.0 != "user.txt");
+    assert_eq!(
+        logged_checkpoints(&only_a),
+        vec![a1.clone(), a2_own],
+        "{only_a:#}"
+    );
     let only_b = json(&["--session", "bbbbbbbb"]);
     assert_eq!(
-        grouping(&only_b),
+        logged_checkpoints(&only_b),
         vec![b1.clone(), b2.clone()],
         "{only_b:#}"
     );
@@ -910,16 +864,10 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{own}: {}", stderr(&out));
-    assert_eq!(fs::read_to_string(m.mnt.join("a.txt")).unwrap(), "v0\n");
+    assert_eq!(read("a.txt"), "v0\n");
     assert!(!m.mnt.join("a3.txt").exists());
-    assert_eq!(
-        fs::read_to_string(m.mnt.join("shared.txt")).unwrap(),
-        "v0\nA1\nB2\n"
-    );
-    assert_eq!(
-        fs::read_to_string(m.mnt.join("b.txt")).unwrap(),
-        "v0\nB1\nB2\n"
-    );
+    assert_eq!(read("shared.txt"), "v0\nA1\nB2\n");
+    assert_eq!(read("b.txt"), "v0\nB1\nB2\n");
     rewind(&m, "A-1:before-rewind", &[]);
     assert_eq!(tree_listing(&m.mnt), before);
 
@@ -930,9 +878,9 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
     let replayed = json(&[]);
     assert_eq!(replayed, log);
     assert_eq!(
-        grouping(&replayed)[..4],
+        logged_checkpoints(&replayed)[..4],
         [a1, b1, a2, b2][..],
         "{replayed:#}"
     );
-    assert_eq!(grouping(&replayed)[4].0, u1.0);
+    assert_eq!(logged_checkpoints(&replayed)[4].id, u1.id);
 }
