@@ -992,3 +992,95 @@ fn render_stat(report: &DiffReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who(session: Option<&str>, name: &str) -> Changers {
+        let mut c = Changers::default();
+        c.by_session
+            .entry(session.map(str::to_string))
+            .or_default()
+            .insert(name.to_string());
+        c
+    }
+
+    /// One attributed path: (path, its sessions, own).
+    type Shaped<'a> = (&'a str, Vec<Option<&'a str>>, bool);
+
+    /// slot → its attributed paths, for comparison.
+    fn shape(slots: &[BTreeMap<String, Attributed>]) -> Vec<Vec<Shaped<'_>>> {
+        slots
+            .iter()
+            .map(|slot| {
+                slot.iter()
+                    .map(|(p, a)| {
+                        let s = a.who.by_session.keys().map(Option::as_deref).collect();
+                        (p.as_str(), s, a.own)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_session_s_changes_go_under_its_own_latest_checkpoint() {
+        // Checkpoints: A(0), B(1), A(2), user(3).
+        let sessions = [Some("A"), Some("B"), Some("A"), None];
+        assert_eq!(next_of_same_session(&sessions), [Some(2), None, None, None]);
+        let mut changers = BTreeMap::new();
+        // Before any checkpoint, by A: before the first.
+        changers.insert((0, "early".to_string()), who(Some("A"), "sh"));
+        // After B(1): A's under A(0), B's under B(1), the user's under B(1).
+        changers.insert((2, "a".to_string()), who(Some("A"), "sh"));
+        changers.insert((2, "b".to_string()), who(Some("B"), "sed"));
+        changers.insert((2, "u".to_string()), who(None, "vim"));
+        // After user(3): A's under A(2), B's under B(1), a rewind's under user(3); C never
+        // took a checkpoint: under the tree's latest.
+        let mut both = who(Some("A"), "sh");
+        both.by_session
+            .entry(Some("B".to_string()))
+            .or_default()
+            .insert("sh".to_string());
+        both.rewound = true;
+        changers.insert((4, "shared".to_string()), both);
+        changers.insert((4, "c".to_string()), who(Some("C"), "sh"));
+        let slots = attribute(&sessions, &changers);
+        assert_eq!(
+            shape(&slots),
+            vec![
+                vec![("early", vec![Some("A")], false)],
+                vec![("a", vec![Some("A")], true)],
+                vec![
+                    ("b", vec![Some("B")], true),
+                    ("shared", vec![Some("B")], true),
+                    ("u", vec![None], false),
+                ],
+                vec![("shared", vec![Some("A")], true)],
+                vec![("c", vec![Some("C")], false), ("shared", vec![], false)],
+            ]
+        );
+        assert!(slots[4]["shared"].who.rewound);
+        assert!(!slots[3]["shared"].who.rewound);
+    }
+
+    #[test]
+    fn with_checkpoints_of_no_session_everything_goes_under_the_tree_s_latest() {
+        // A transcript from before checkpoints carried their session.
+        let sessions = [None, None];
+        let mut changers = BTreeMap::new();
+        changers.insert((1, "a".to_string()), who(Some("A"), "sh"));
+        changers.insert((2, "a".to_string()), who(Some("A"), "sh"));
+        changers.insert((2, "u".to_string()), who(None, "vim"));
+        let slots = attribute(&sessions, &changers);
+        assert_eq!(
+            shape(&slots),
+            vec![
+                vec![],
+                vec![("a", vec![Some("A")], false)],
+                vec![("a", vec![Some("A")], false), ("u", vec![None], false)],
+            ]
+        );
+    }
+}

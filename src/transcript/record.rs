@@ -207,3 +207,25 @@ impl Record {
         !self.is_snapshot_update
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_s_session_is_optional_and_round_trips() {
+        // As written before the field existed: reads as no session.
+        let old = r#"{"type":"file-history-snapshot","messageId":"m1","snapshot":{"messageId":"m1","trackedFileBackups":{},"timestamp":"2026-03-02T10:15:07.000Z"},"isSnapshotUpdate":false,"seq":3,"delta":true}"#;
+        let r: Record = serde_json::from_str(old).unwrap();
+        assert_eq!(r.session, None);
+        assert_eq!(serde_json::to_string(&r).unwrap(), old, "written as before");
+        let mut r = r;
+        r.session = Some("0b5c9e1e-4f4a".to_string());
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(
+            line.ends_with(r#""delta":true,"session":"0b5c9e1e-4f4a"}"#),
+            "{line}"
+        );
+        assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), r);
+    }
+}
