@@ -855,32 +855,47 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
     assert!(err.contains(&format!("\n  {own}\n")), "{err}");
     assert!(err.ends_with(&format!("\n  {forced}\n")), "{err}");
     assert!(!err.contains("MNT"), "{err}");
-    // Run the first suggestion as printed: A's own files go back, shared.txt stays.
+    // Session A runs the first suggestion as printed (the CLI in A's tree, over the control
+    // socket): A's own files go back, shared.txt stays.
     let bin_dir = Path::new(BIN).parent().unwrap();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
-    let out = Command::new("sh")
-        .args(["-c", &own])
-        .env("PATH", &path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{own}: {}", stderr(&out));
+    as_session(&m, a, &format!("PATH={}:$PATH {own}", bin_dir.display()));
     assert_eq!(read("a.txt"), "v0\n");
     assert!(!m.mnt.join("a3.txt").exists());
     assert_eq!(read("shared.txt"), "v0\nA1\nB2\n");
     assert_eq!(read("b.txt"), "v0\nB1\nB2\n");
+    // Undone by the user.
     rewind(&m, "A-1:before-rewind", &[]);
     assert_eq!(tree_listing(&m.mnt), before);
 
-    // Sessions of checkpoints survive a remount (replay): the same log, the sessions'
-    // prompts as before (the rewind and its undo are the user's, under the tree's).
+    // The saved state is a checkpoint of A (who asked for the rewind), so A's prompt 2 now
+    // ends there; the undo's is the user's. The rewinds' own changes are nobody's work.
     let log = json(&[]);
-    m.remount();
-    let replayed = json(&[]);
-    assert_eq!(replayed, log);
+    let all = logged_checkpoints(&log);
+    let ids: Vec<(&str, Option<&str>)> = all
+        .iter()
+        .map(|c| (c.id.as_str(), c.session.as_deref()))
+        .collect();
     assert_eq!(
-        logged_checkpoints(&replayed)[..4],
-        [a1, b1, a2, b2][..],
-        "{replayed:#}"
+        ids,
+        [
+            ("A-1", Some(a)),
+            ("B-1", Some(b)),
+            ("A-2", Some(a)),
+            ("B-2", Some(b)),
+            ("u-1", None),
+            ("A-1:before-rewind", Some(a)),
+            ("A-1:before-rewind:before-rewind", None),
+        ],
+        "{log:#}"
     );
-    assert_eq!(logged_checkpoints(&replayed)[4].id, u1.id);
+    let a2_ended = LoggedCheckpoint {
+        session_until: s("A-1:before-rewind"),
+        ..a2
+    };
+    assert_eq!(all[..4], [a1, b1, a2_ended, b2][..], "{log:#}");
+    assert_eq!(all[4].until, s("A-1:before-rewind"));
+
+    // Sessions of checkpoints survive a remount (replay): the same log.
+    m.remount();
+    assert_eq!(json(&[]), log);
 }
