@@ -732,3 +732,32 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggested_commands_are_shell_words() {
+        assert_eq!(shell_word("/tmp/my project"), "'/tmp/my project'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("cc-2025:01@x/a.txt"), "cc-2025:01@x/a.txt");
+        let opts = RewindOptions {
+            rewind_agent_state: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            session_rewind_command(
+                std::path::Path::new("/tmp/my project"),
+                "m1",
+                &opts,
+                "aaaaaaaa",
+                true,
+                &["a b.txt".to_string(), "c".to_string()],
+            ),
+            "checkpointfs rewind '/tmp/my project' m1 --session aaaaaaaa --force \
+             --rewind-agent-state -- 'a b.txt' c"
+        );
+    }
+}
