@@ -802,6 +802,19 @@ fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
         "{only_b:#}"
     );
 
+    // A session that did nothing here is told so, not "no checkpoints yet".
+    let none = cli_ok(&["log", mnt, "--session", "cccccccc"]);
+    assert_eq!(
+        none,
+        "session cccccccc: no checkpoint and no change of it is recorded (a session is named \
+         by its full id or 8 or more leading characters, as the log shows it)\n"
+    );
+    assert_eq!(
+        logged_checkpoints(&json(&["--session", "cccccccc"])),
+        [],
+        "the JSON is the empty log"
+    );
+
     // The text shows each checkpoint's session, and "(up to now)" where its changes do.
     let text = cli_ok(&["log", mnt]);
     let headers: Vec<String> = text

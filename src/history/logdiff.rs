@@ -164,7 +164,7 @@ pub struct LogCheckpoint {
     pub session_until: Option<String>,
     pub files_changed: usize,
     /// `session`'s changes from this checkpoint to `session_until`, and everyone else's
-    /// from it to `until` (see [`attribute`]).
+    /// from it to `until` (see `attribute` for who is "everyone else").
     pub changes: Vec<LogChange>,
 }
 
@@ -350,11 +350,22 @@ impl History {
     /// session made.
     pub fn log_output(&self, json: bool, session: Option<&str>) -> io::Result<String> {
         let mut report = self.log_report()?;
+        let whole_tree_has_checkpoints = !report.checkpoints.is_empty();
         if let Some(s) = session {
             report.keep_only_session(s);
         }
         if json {
             to_json(&report)
+        } else if let Some(s) = session
+            && whole_tree_has_checkpoints
+            && report.checkpoints.is_empty()
+            && report.before_first.changes.is_empty()
+        {
+            // Not "no checkpoints yet": the tree has some, none of them the session's.
+            Ok(format!(
+                "session {s}: no checkpoint and no change of it is recorded (a session is \
+                 named by its full id or 8 or more leading characters, as the log shows it)\n"
+            ))
         } else {
             Ok(render_log(&report))
         }
