@@ -6,7 +6,8 @@ export LC_ALL=C
 usage() {
     cat <<'EOF'
 usage: scripts/bench.sh [--quick] [--strict] [--runs N] [--native-only] [--no-np]
-                        [--no-agent] [--as-user USER] [--bin PATH] [--out DIR] [--help]
+                        [--no-agent] [--as-user USER [--owner]] [--bin PATH] [--out DIR]
+                        [--help]
 
 Runs scripts/fsbench.sh (the maintainers' harness: fio sequential 1 GiB write/read,
 4 KiB random write/read, 10,000 small files create/stat/read/delete, git add+commit and
@@ -43,6 +44,9 @@ Options:
                  between phases, by this (root) script on the user's request. Implies
                  --no-np (no passthrough to compare against) and --no-agent
                  (agent-workloads.sh drops the caches itself, which needs root).
+  --owner        with --as-user: the mount is made by root for USER (`mount --owner
+                 USER`), so USER's workloads get kernel passthrough; the daemon runs as
+                 root, the workloads as USER.
   --bin PATH     checkpointfs binary (default $CHECKPOINTFS_BIN or target/release/checkpointfs)
   --out DIR      results dir (default target/bench-results/TIMESTAMP): per round
                  native.R.txt, mount.R.txt, mount-np.R.txt; medians native.txt, mount.txt,
@@ -59,7 +63,7 @@ CPFS_WHO=bench
 # shellcheck source=lib/mounts.sh
 source "$ROOT/scripts/lib/mounts.sh"
 
-QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 AGENT=1 BIN= OUT= RUNS=1 AS_USER=
+QUICK=0 STRICT=0 NATIVE_ONLY=0 NP=1 AGENT=1 BIN= OUT= RUNS=1 AS_USER= OWNER=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
@@ -69,6 +73,7 @@ while [[ $# -gt 0 ]]; do
         --no-agent) AGENT=0 ;;
         --runs) RUNS=${2:?--runs needs a number}; shift ;;
         --as-user) AS_USER=${2:?--as-user needs a user name}; shift ;;
+        --owner) OWNER=1 ;;
         --bin) BIN=${2:?--bin needs a path}; shift ;;
         --out) OUT=${2:?--out needs a dir}; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -87,6 +92,7 @@ if [[ -n $AS_USER ]]; then
     command -v fusermount3 >/dev/null || die "--as-user: a normal user mounts through fusermount3, which is missing"
     NP=0 AGENT=0
 fi
+[[ $OWNER == 0 || -n $AS_USER ]] || die "--owner needs --as-user USER"
 for t in fio jq python3 git tar; do command -v "$t" >/dev/null || die "missing tool: $t"; done
 if [[ $NATIVE_ONLY == 0 ]]; then
     [[ -n $BIN ]] || BIN=$(cpfs_find_bin "$ROOT")
@@ -159,8 +165,9 @@ if [[ -n $AS_USER ]]; then
         env "HOME=$BASE/home" "USER=$AS_USER"
         "FSBENCH_DROP_CMD=echo drop > '$BASE/drop.req' && read -r _ < '$BASE/drop.ack'")
     # The daemon and `checkpointfs umount` run as the user too (the wrapper execs the
-    # binary, so the daemon's command line still starts with it).
-    if [[ $NATIVE_ONLY == 0 ]]; then
+    # binary, so the daemon's command line still starts with it) — unless root mounts for
+    # the user (--owner).
+    if [[ $NATIVE_ONLY == 0 && $OWNER == 0 ]]; then
         mkdir -p "$BASE/bin"
         printf '#!/bin/sh\nexec setpriv --reuid %s --regid %s --clear-groups env HOME=%q %q "$@"\n' \
             "$AS_UID" "$AS_GID" "$BASE/home" "$BIN" > "$BASE/bin/checkpointfs"
@@ -168,7 +175,7 @@ if [[ -n $AS_USER ]]; then
         REAL_BIN=$BIN BIN=$BASE/bin/checkpointfs
     fi
 fi
-echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes')$([[ -n $AS_USER ]] && echo ", as user $AS_USER (fusermount3, no kernel passthrough)"); results $OUT"
+echo "bench: $(nproc) cores, kernel $(uname -r), $(findmnt -n -o SOURCE,FSTYPE -T "$BASE" | tr -s ' ' ' ')$([[ $QUICK == 1 ]] && echo ', QUICK sizes')$([[ -n $AS_USER ]] && { [[ $OWNER == 1 ]] && echo ", as user $AS_USER (mounted by root --owner $AS_USER: kernel passthrough)" || echo ", as user $AS_USER (fusermount3, no kernel passthrough)"; }); results $OUT"
 
 # ---- checkpoint-specific benchmarks ---------------------------------------------------
 # Layer 1 first-write cost, marker latency vs a shadow-git commit, rewind time and store size
@@ -233,10 +240,13 @@ native_round() {   # native_round R TAG
 mount_round() {    # mount_round R TAG
     # A fresh state dir per round keeps the rounds independent.
     echo "bench: mount run in $MNT (default mode)$2"
-    if [[ -n $AS_USER ]]; then
+    local extra=()
+    if [[ $OWNER == 1 ]]; then
+        extra=(--owner "$AS_USER")
+    elif [[ -n $AS_USER ]]; then
         mkdir -m 0700 "$STATE.$1" && chown "$AS_UID:$AS_GID" "$STATE.$1"
     fi
-    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.$1" "$DAEMON_LOG" || die "mount failed"
+    cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE.$1" "$DAEMON_LOG" "${extra[@]}" || die "mount failed"
     settle
     run_fsbench "$MNT" "$OUT/mount.$1.txt"
     checkpoint_benchmarks "$MNT" "$OUT/checkpoint.$1.txt"

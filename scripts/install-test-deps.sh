@@ -185,3 +185,42 @@ export GIT_COMMITTER_EMAIL=${GIT_COMMITTER_EMAIL:-$GIT_AUTHOR_EMAIL}
 git config --global user.name >/dev/null 2>&1 || git config --global user.name "$GIT_AUTHOR_NAME"
 git config --global user.email >/dev/null 2>&1 || git config --global user.email "$GIT_AUTHOR_EMAIL"
 
+
+# ---- Gemini CLI for tests/agent_gemini_cli.rs (pinned, from the npm registry) -----------
+# Installed outside the repo into $GEMINI_CLI_DIR (default /var/tmp/checkpointfs-agents/
+# gemini-cli; the test reads the same variable); the test runs its node_modules/.bin/gemini
+# with telemetry, updates and every non-loopback connection off, against
+# tests/agents/mock_gemini.py. Needs node >= 20 and npm.
+GEMINI_CLI_VERSION=0.61.0
+GEMINI_CLI_DIR=${GEMINI_CLI_DIR:-/var/tmp/checkpointfs-agents/gemini-cli}
+install_gemini_cli() {
+    local pkg=$GEMINI_CLI_DIR/node_modules/@google/gemini-cli/package.json have node_major
+    have=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$pkg" 2>/dev/null) || have=
+    if [[ $have == "$GEMINI_CLI_VERSION" && -x $GEMINI_CLI_DIR/node_modules/.bin/gemini ]]; then
+        return 0
+    fi
+    command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 \
+        || { echo "ci: ERROR: node/npm are missing (apt-get install nodejs npm); tests/agent_gemini_cli.rs needs them for the Gemini CLI" >&2; return 1; }
+    node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null) || node_major=0
+    if (( node_major < 20 )); then
+        echo "ci: ERROR: @google/gemini-cli@$GEMINI_CLI_VERSION needs node >= 20, this is $(node --version 2>&1)" >&2
+        return 1
+    fi
+    say "npm install @google/gemini-cli@$GEMINI_CLI_VERSION into $GEMINI_CLI_DIR${have:+ (had $have)}"
+    mkdir -p -- "$GEMINI_CLI_DIR"
+    if ! (cd "$GEMINI_CLI_DIR" && npm install --no-audit --no-fund --prefix "$GEMINI_CLI_DIR" \
+        "@google/gemini-cli@$GEMINI_CLI_VERSION"); then
+        echo "ci: ERROR: npm install @google/gemini-cli@$GEMINI_CLI_VERSION failed (needs the npm registry); tests/agent_gemini_cli.rs needs it" >&2
+        return 1
+    fi
+    # Check it runs (a throwaway HOME: nothing of the machine's user is read or written).
+    local home out
+    home=$(mktemp -d)
+    out=$(HOME=$home "$GEMINI_CLI_DIR/node_modules/.bin/gemini" --version </dev/null 2>&1) || true
+    rm -rf -- "$home"
+    if [[ $out != "$GEMINI_CLI_VERSION" ]]; then
+        echo "ci: ERROR: $GEMINI_CLI_DIR/node_modules/.bin/gemini --version says '$out', not $GEMINI_CLI_VERSION, after npm install" >&2
+        return 1
+    fi
+}
+install_gemini_cli || exit 1

@@ -121,7 +121,8 @@ pub enum Command {
         ~/.claude/settings.json (--user, the default: every session, started anywhere) or \
         DIR/.claude/settings.json (--project DIR: sessions started in DIR).\n\
         gemini: a BeforeAgent hook running mount-scripts/gemini-cli-hook, in \
-        ~/.gemini/settings.json or DIR/.gemini/settings.json.\n\n\
+        ~/.gemini/settings.json or DIR/.gemini/settings.json (Gemini CLI runs a project's \
+        hooks only in a trusted folder).\n\n\
         The file is edited as JSON: other settings and hooks stay as they are. Running it \
         twice installs one hook; --remove takes out only ours. Outside a checkpointfs mount \
         the hook does nothing, so a user-level hook is harmless."
@@ -207,6 +208,14 @@ pub struct MountArgs {
     /// `user_allow_other` in /etc/fuse.conf)
     #[arg(long)]
     pub allow_other: bool,
+
+    /// As root, mount for the normal user USER (a name or a uid), with kernel passthrough,
+    /// which a user's own mount cannot have: only USER's processes may use the mount (the
+    /// kernel checks), USER runs `checkpointfs log/diff/rewind/...` on it, and the state dir
+    /// stays root's, so USER cannot change the history. Always nodev,nosuid. For a root-run
+    /// service (see mount-scripts/checkpointfs@.service)
+    #[arg(long, value_name = "USER")]
+    pub owner: Option<String>,
 
     /// Do not record history for paths matching GLOB; may be given several times. A
     /// pattern without '/' matches a name at any depth ('target', '*.o'); one with '/' is
@@ -737,6 +746,32 @@ fn diff(a: DiffArgs) -> i32 {
 // mount: validate (crate::mount_validation), then start the daemon (crate::spawn)
 // ---------------------------------------------------------------------------------------
 
+/// `--owner USER`: the user's ids, if root may mount for them with `options`.
+fn owner_for(user: &str, options: &MountOptions) -> Result<crate::sys::UserIds, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "--owner {user} needs root: it is for a root-run service mounting for a normal \
+             user; as that user, mount without --owner"
+        ));
+    }
+    let ids = crate::sys::user_ids(user).map_err(|e| format!("--owner {user}: {e}"))?;
+    if ids.uid == 0 {
+        return Err(format!(
+            "--owner {user}: that is root; mount without --owner"
+        ));
+    }
+    if options.devices || options.setuid {
+        return Err(format!(
+            "--owner {user} with -o {}: a mount for a normal user is always nodev,nosuid (as \
+             fusermount3 makes theirs), or they could plant device nodes or set-id programs \
+             that work",
+            if options.devices { "dev" } else { "suid" }
+        ));
+    }
+    Ok(ids)
+}
+
 fn refuse(r: &MountRefusal) -> i32 {
     eprintln!("checkpointfs: cannot mount: {r}");
     EXIT_USAGE
@@ -846,6 +881,18 @@ fn mount(a: MountArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
+    let owner = match a
+        .owner
+        .as_deref()
+        .map(|user| owner_for(user, &options))
+        .transpose()
+    {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("checkpointfs: cannot mount: {msg}");
+            return EXIT_USAGE;
+        }
+    };
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -856,6 +903,7 @@ fn mount(a: MountArgs) -> i32 {
         threads,
         passthrough: !a.no_passthrough,
         allow_other: a.allow_other,
+        owner,
         exclusions,
         options,
         durability: a.durability,

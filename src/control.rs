@@ -208,6 +208,11 @@ pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<Cont
     }
     let listener = UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    if let Some(owner) = fs.owner() {
+        // The user this mount is for runs the CLI; it reaches this socket (and nothing else)
+        // through the state dir's 0711.
+        std::os::unix::fs::chown(&path, Some(owner.uid), Some(owner.gid))?;
+    }
     let listener_handle = listener.try_clone()?;
     let stopping = Arc::new(AtomicBool::new(false));
     let stop = stopping.clone();
@@ -344,6 +349,19 @@ fn rewind_request(
             ),
         ));
     }
+    if let Some(owner) = fs.owner() {
+        // The rewind works through the mount, which the kernel opens to the owner alone. This
+        // connection's thread ends with the request, so it may become the owner for good.
+        crate::sys::act_as_user_on_this_thread(owner).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot rewind as the mount's owner (uid {}): {e}",
+                    owner.uid
+                ),
+            )
+        })?;
+    }
     let mut step = |done: usize, total: usize| {
         if wanted {
             progress(format!("rewind: {done}/{total} paths"), done == total);
@@ -460,6 +478,7 @@ fn handle(
                     passthrough_off_reason: fs.passthrough_off_reason().map(str::to_string),
                     // SAFETY: geteuid has no preconditions.
                     daemon_uid: unsafe { libc::geteuid() },
+                    owner_uid: fs.owner().map(|o| o.uid),
                     mount_options: fs.mount_info().1.to_list(),
                     read_only: mounted_read_only(fs),
                 });

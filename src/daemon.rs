@@ -11,6 +11,9 @@ pub struct DaemonConfig {
     pub threads: usize,
     pub passthrough: bool,
     pub allow_other: bool,
+    /// As root, mount for this normal user (`--owner`): the kernel lets only that user's
+    /// processes use the mount, and the control socket is theirs.
+    pub owner: Option<crate::sys::UserIds>,
     pub exclusions: crate::history::exclusions::ExclusionConfig,
     pub options: crate::mount_options::MountOptions,
     pub durability: crate::durability::Durability,
@@ -44,6 +47,14 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
     crate::state_dir::secure(&cfg.state_dir)?;
+    if cfg.owner.is_some() {
+        // The owner reaches the control socket in it, and nothing else: every file in it is
+        // 0600 root's, and the directory is not writable to them.
+        std::fs::set_permissions(
+            &cfg.state_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )?;
+    }
     crate::state_dir::write_file(
         &cfg.state_dir,
         "source",
@@ -127,6 +138,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             state_dir: cfg.state_dir.clone(),
             mountpoint: cfg.mountpoint.clone(),
             options: cfg.options,
+            owner: cfg.owner,
         },
     )?);
     let control = crate::control::start_server(fs.clone(), &cfg.state_dir)?;
@@ -134,13 +146,16 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let mut options = Config::default();
     options.n_threads = Some(cfg.threads.max(1));
     options.clone_fd = true;
-    let acl = if cfg.allow_other {
+    // A mount for an owner serves requests from that user, not from us: the kernel already
+    // admits only the owner's processes (`user_id`/`group_id` below).
+    let acl = if cfg.allow_other || cfg.owner.is_some() {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
     options.acl = acl;
     let adapter = FuseAdapter::new(fs.clone());
+    let notifier_slot = adapter.notifier_slot();
     // As root, mount ourselves so the type reads `fuse.checkpointfs`; a normal user cannot
     // mount(2) and may not even open /dev/fuse, so the setuid fusermount3 mounts for it.
     // SAFETY: geteuid has no preconditions.
@@ -150,6 +165,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other, &cfg.options)?
     };
     let session = Session::from_fd(adapter, dev, acl, options)?;
+    let _ = notifier_slot.set(session.notifier());
     info!(
         "mounted {} at {} (state {}, {} threads, durability {})",
         cfg.source.display(),
@@ -221,10 +237,13 @@ fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
         .map_err(|e| io::Error::new(e.kind(), format!("cannot open /dev/fuse: {e}")))?;
     let dev = OwnedFd::from(dev);
     let root_mode = std::fs::metadata(&cfg.source)?.mode() & libc::S_IFMT;
+    let owner = cfg.owner.unwrap_or(crate::sys::UserIds { uid: 0, gid: 0 });
     let mut opts = format!(
-        "fd={},rootmode={:o},user_id=0,group_id=0,default_permissions",
+        "fd={},rootmode={:o},user_id={},group_id={},default_permissions",
         std::os::fd::AsRawFd::as_raw_fd(&dev),
-        root_mode
+        root_mode,
+        owner.uid,
+        owner.gid
     );
     if cfg.allow_other {
         opts.push_str(",allow_other");

@@ -7,16 +7,16 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use log::{debug, info, warn};
 
@@ -28,11 +28,41 @@ const MAX_WRITE: u32 = 4 * 1024 * 1024;
 
 pub struct FuseAdapter {
     fs: Arc<PassthroughFs>,
+    /// Set once the session exists (see [`FuseAdapter::notifier_slot`]).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseAdapter {
     pub fn new(fs: Arc<PassthroughFs>) -> FuseAdapter {
-        FuseAdapter { fs }
+        FuseAdapter {
+            fs,
+            notifier: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Where the daemon puts the session's notifier: the session is built from the adapter,
+    /// so it cannot be passed in. Until it is set, no notification is sent.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// Drops the kernel's cached attributes of `ino` (not its pages: offset -1).
+    fn invalidate_attrs(&self, ino: INodeNo) {
+        let Some(notifier) = self.notifier.get() else {
+            return;
+        };
+        if let Err(e) = notifier.inval_inode(ino, -1, 0) {
+            // ENOENT: the kernel no longer has the inode; nothing is cached then.
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                static LOGGED: AtomicBool = AtomicBool::new(false);
+                if !LOGGED.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        "invalidating cached attributes failed ({e}): stat may show an old \
+                         mtime after writes through a shared mapping (logged once)"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -93,7 +123,14 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // POSIX ACLs: the kernel enforces them from the system.posix_acl_* xattrs
+            // (passed through to SRC), and with FUSE_DONT_MASK it sends modes unmasked
+            // plus the umask, which `fs::sys::with_umask` applies as SRC's filesystem
+            // does (not under a default ACL). SRC's filesystem also keeps mode and ACL in
+            // step on chmod and setfacl.
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         for flag in wanted.iter() {
             if config.add_capabilities(flag).is_err() {
                 debug!("kernel lacks capability {flag:?}");
@@ -195,11 +232,14 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.fs.mknod(&caller(req), parent.0, name, mode, rdev) {
+        match self
+            .fs
+            .mknod(&caller(req), parent.0, name, mode, umask, rdev)
+        {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("mknod", e)),
         }
@@ -211,10 +251,10 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.fs.mkdir(&caller(req), parent.0, name, mode) {
+        match self.fs.mkdir(&caller(req), parent.0, name, mode, umask) {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
             Err(e) => reply.error(fail("mkdir", e)),
         }
@@ -344,7 +384,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         match self.fs.flush(ino.0, fh.0) {
-            Ok(()) => reply.ok(),
+            Ok(stale_attrs) => {
+                if stale_attrs {
+                    self.invalidate_attrs(ino);
+                }
+                reply.ok()
+            }
             Err(e) => reply.error(fail("flush", e)),
         }
     }
@@ -547,15 +592,20 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let make_backing = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        match self
-            .fs
-            .create(&caller(req), parent.0, name, mode, flags, &make_backing)
-        {
+        match self.fs.create(
+            &caller(req),
+            parent.0,
+            name,
+            mode,
+            umask,
+            flags,
+            &make_backing,
+        ) {
             Ok((e, o)) => match &o.backing {
                 Some(id) => reply.created_passthrough(
                     &e.ttl,

@@ -237,49 +237,85 @@ pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Runs an xattr syscall on the object behind an O_PATH fd via its /proc/self/fd path
-/// (the f*xattr calls refuse O_PATH fds; `l*xattr` on the proc link does not follow it).
+/// Runs `f` with the `/proc/self/fd/<fd>` path of an O_PATH fd (the f*xattr and fchmod
+/// calls refuse O_PATH fds; a path call through the proc link reaches the object).
 pub fn with_proc_path<R>(fd: RawFd, f: impl FnOnce(&CStr) -> io::Result<R>) -> io::Result<R> {
     let mut buf = [0u8; 32];
     f(proc_fd_path(&mut buf, fd))
 }
 
-pub fn getxattr(fd: RawFd, is_symlink: bool, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
-    with_proc_path(fd, |p| {
-        // SAFETY: p and name are C strings; buf is writable for its length (or empty).
-        let n = unsafe {
-            if is_symlink {
-                libc::lgetxattr(
-                    p.as_ptr(),
-                    name.as_ptr(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            } else {
-                libc::getxattr(
-                    p.as_ptr(),
-                    name.as_ptr(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            }
-        };
-        cvt(n).map(|n| n as usize)
-    })
+/// The path an xattr call reaches an object by, and whether it must not follow a symlink
+/// at its end (the `l*xattr` calls).
+///
+/// A regular file or directory is reached through its own O_PATH fd's proc link, followed.
+/// A symlink cannot be: `l*xattr` on that link acts on the procfs link itself, and the
+/// xattr calls refuse O_PATH fds (even `*xattrat` with AT_EMPTY_PATH). So a symlink is
+/// reached as `/proc/self/fd/<parent dir fd>/<name>`, not followed: the proc link
+/// resolves to the parent directory, and the last component is the real symlink.
+pub struct XattrPath {
+    path: CString,
+    pub nofollow: bool,
 }
 
-pub fn listxattr(fd: RawFd, is_symlink: bool, buf: &mut [u8]) -> io::Result<usize> {
-    with_proc_path(fd, |p| {
-        // SAFETY: p is a C string; buf is writable for its length (or empty).
-        let n = unsafe {
-            if is_symlink {
-                libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-            } else {
-                libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-            }
-        };
-        cvt(n).map(|n| n as usize)
-    })
+impl XattrPath {
+    pub fn of_fd(fd: RawFd) -> XattrPath {
+        let mut buf = [0u8; 32];
+        XattrPath {
+            path: proc_fd_path(&mut buf, fd).to_owned(),
+            nofollow: false,
+        }
+    }
+
+    /// `name` in directory `dir`, not followed.
+    pub fn in_dir(dir: RawFd, name: &CStr) -> XattrPath {
+        let mut buf = [0u8; 32];
+        let mut path = proc_fd_path(&mut buf, dir).to_bytes().to_vec();
+        path.push(b'/');
+        path.extend_from_slice(name.to_bytes());
+        XattrPath {
+            // A CStr's bytes hold no NUL, nor does the proc path.
+            path: CString::new(path).expect("no interior NUL"),
+            nofollow: true,
+        }
+    }
+
+    pub fn as_ptr(&self) -> *const libc::c_char {
+        self.path.as_ptr()
+    }
+}
+
+pub fn getxattr(at: &XattrPath, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the path and name are C strings; buf is writable for its length (or empty).
+    let n = unsafe {
+        if at.nofollow {
+            libc::lgetxattr(
+                at.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        } else {
+            libc::getxattr(
+                at.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        }
+    };
+    cvt(n).map(|n| n as usize)
+}
+
+pub fn listxattr(at: &XattrPath, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the path is a C string; buf is writable for its length (or empty).
+    let n = unsafe {
+        if at.nofollow {
+            libc::llistxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        } else {
+            libc::listxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        }
+    };
+    cvt(n).map(|n| n as usize)
 }
 
 /// A directory stream over a duplicate of a directory fd.
@@ -392,6 +428,60 @@ impl Drop for FsCredsGuard {
             }
         }
     }
+}
+
+/// Runs `create` with the caller's `umask` applied the way a local filesystem applies it:
+/// by the filesystem underneath, which ignores the umask when the parent directory has a
+/// default POSIX ACL (the ACL's mask decides instead). With `FUSE_DONT_MASK` the kernel
+/// sends the mode unmasked plus the umask, so that rule can only be applied here; libfuse's
+/// and virtiofsd's servers do the same with a scoped per-thread umask.
+///
+/// The umask lives in the `fs_struct`, which all threads share: the calling thread first
+/// gets its own (`unshare(CLONE_FS)`, once per thread), so that no other thread's creations
+/// see it. Invariant: outside this function every thread's umask is 0 (see `daemon::serve`).
+/// If a thread cannot have its own, `create` gets `mode & !umask` (what the kernel does
+/// without FUSE_DONT_MASK: right except under a default ACL), logged once.
+pub fn with_umask<R>(umask: u32, mode: u32, create: impl FnOnce(u32) -> R) -> R {
+    thread_local! {
+        static OWN_FS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    let umask = umask & 0o777;
+    if umask == 0 {
+        return create(mode);
+    }
+    let own = OWN_FS.with(|own| {
+        if let Some(known) = own.get() {
+            return known;
+        }
+        let got = (|| {
+            // SAFETY: unshare(CLONE_FS) only gives this thread a private copy of its
+            // fs_struct (root, cwd, umask); no memory is involved.
+            if unsafe { libc::unshare(libc::CLONE_FS) } == 0 {
+                return true;
+            }
+            static LOGGED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "unshare(CLONE_FS) failed ({}): the umask is applied to new files even \
+                     under a default ACL (logged once)",
+                    io::Error::last_os_error()
+                );
+            }
+            false
+        })();
+        own.set(Some(got));
+        got
+    });
+    if !own {
+        return create(mode & !umask);
+    }
+    // SAFETY: umask has no preconditions; this thread's fs_struct is its own (above).
+    unsafe { libc::umask(umask as libc::mode_t) };
+    let out = create(mode);
+    // SAFETY: as above; back to the invariant's 0.
+    unsafe { libc::umask(0) };
+    out
 }
 
 pub fn name_bytes(name: &OsStr) -> &[u8] {
@@ -530,4 +620,121 @@ pub fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: fresh fd.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A normal user a root daemon mounts for (`mount --owner USER`): its uid and primary gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserIds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The uid and primary gid of `user`, a name from the password database or a numeric uid.
+pub fn user_ids(user: &str) -> io::Result<UserIds> {
+    let by_uid = user.parse::<u32>().ok();
+    let name = CString::new(user).map_err(|_| errno(libc::EINVAL))?;
+    let mut pwd = MaybeUninit::<libc::passwd>::uninit();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: pwd, buf and found outlive the call, buf's length is passed; the result points
+    // into pwd (which the call fills) or is null.
+    let rc = unsafe {
+        match by_uid {
+            Some(uid) => libc::getpwuid_r(
+                uid,
+                pwd.as_mut_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            ),
+            None => libc::getpwnam_r(
+                name.as_ptr(),
+                pwd.as_mut_ptr(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            ),
+        }
+    };
+    if rc != 0 {
+        return Err(errno(rc));
+    }
+    if found.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no such user in the password database",
+        ));
+    }
+    // SAFETY: found is non-null, so the call filled pwd.
+    let pwd = unsafe { pwd.assume_init() };
+    Ok(UserIds {
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+    })
+}
+
+/// Makes the calling thread, and only it, act as `user` on a mount made for that user: no
+/// supplementary groups, real, effective and saved ids all `user`'s (what the kernel's FUSE
+/// access check compares with the mount's `user_id`/`group_id`), and of root's capabilities
+/// only CAP_DAC_READ_SEARCH, so that it can still read the root-owned store while every
+/// change it makes through the mount is checked as `user`'s own.
+///
+/// Irreversible for the thread: call it on a thread that ends with the work (a control
+/// connection's). Raw syscalls on purpose: glibc's wrappers would change every thread of the
+/// process.
+pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
+    const CAP_DAC_READ_SEARCH: u32 = 2;
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let check = |rc: libc::c_long| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    // SAFETY: prctl(PR_SET_KEEPCAPS) takes integer arguments and changes this thread's
+    // securebits only.
+    check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) }.into())?;
+    // SAFETY: setgroups with a count of 0 never reads the (null) list; like the two id
+    // syscalls after it, issued raw, it changes this thread's credentials only.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) })?;
+    // SAFETY: integer arguments; this thread's credentials only.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, user.gid, user.gid, user.gid) })?;
+    // SAFETY: integer arguments; this thread's credentials only. With KEEPCAPS set the
+    // permitted capabilities survive, to be cut down to one just below.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, user.uid, user.uid, user.uid) })?;
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let keep = 1 << CAP_DAC_READ_SEARCH;
+    let data = [
+        CapData {
+            effective: keep,
+            permitted: keep,
+            inheritable: 0,
+        },
+        CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and data are the v3 layout the kernel reads (one header, two data
+    // words), alive for the call; pid 0 is the calling thread.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) }.into())
 }

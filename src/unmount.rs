@@ -127,23 +127,27 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
         return not_ours();
     }
     // Find the daemon before unmounting: afterwards MNT no longer leads to it.
-    let daemon_pid = match fs::read(path.join(STATE_DIR_FILE)) {
-        Ok(raw) => {
-            let state = PathBuf::from(OsString::from_vec(
-                raw.strip_suffix(b"\n").unwrap_or(&raw).to_vec(),
-            ));
-            match read_pid_file(&state.join(PID_FILE)) {
-                Some(pid) if process_alive(pid) => Some(pid),
-                _ => {
-                    eprintln!(
-                        "checkpointfs: warning: no running daemon recorded in {}/{PID_FILE}; \
-                         unmounting without waiting for it",
-                        state.display()
-                    );
-                    None
-                }
+    let state_dir = match fs::read(path.join(STATE_DIR_FILE)) {
+        Ok(raw) => Ok(PathBuf::from(OsString::from_vec(
+            raw.strip_suffix(b"\n").unwrap_or(&raw).to_vec(),
+        ))),
+        // A mount root made for another user (`mount --owner`) is closed even to root; the
+        // record of mounts knows its state dir.
+        Err(e) if errno_of(&e) == libc::EACCES => recorded_state_dir(&path).ok_or(e),
+        Err(e) => Err(e),
+    };
+    let daemon_pid = match state_dir {
+        Ok(state) => match daemon_of(&state) {
+            Some(pid) => Some(pid),
+            None => {
+                eprintln!(
+                    "checkpointfs: warning: no running daemon recorded in {}/{PID_FILE}; \
+                     unmounting without waiting for it",
+                    state.display()
+                );
+                None
             }
-        }
+        },
         Err(e) if endpoint_gone(&e) && is_checkpointfs_mount(&entry) => {
             return detach_dead_mount(mnt, &path);
         }
@@ -262,6 +266,29 @@ fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
     } else {
         timed_out(mnt, pid, true, timeout)
     }
+}
+
+/// The running daemon of `state`: from its pid file, or, where that is root's and we are the
+/// user a root daemon mounts for (`mount --owner`), from the daemon itself over the control
+/// socket, which is ours.
+fn daemon_of(state: &Path) -> Option<i32> {
+    let pid = match fs::read_to_string(state.join(PID_FILE)) {
+        Ok(_) => read_pid_file(&state.join(PID_FILE)),
+        Err(e) if errno_of(&e) == libc::EACCES => {
+            let status = crate::control::Request::Status {
+                path: None,
+                path_is_dir: None,
+                json: true,
+            };
+            let response = crate::control::request(state, &status).ok()?;
+            let report: serde_json::Value = serde_json::from_str(&response.output).ok()?;
+            report["daemon_pid"]
+                .as_i64()
+                .and_then(|p| i32::try_from(p).ok())
+        }
+        Err(_) => None,
+    };
+    pid.filter(|&p| process_alive(p))
 }
 
 /// Whether a failed request on a FUSE mount says its daemon is gone: ENOTCONN, or

@@ -97,6 +97,7 @@ fn every_script_has_help_and_shares_one_common_block() {
     for name in [
         "with-checkpoints",
         "claude-code-hook",
+        "gemini-cli-hook",
         "checkpointed",
         "checkpoint-now",
         "mount.fuse.checkpointfs",

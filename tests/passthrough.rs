@@ -51,6 +51,7 @@ both_modes!(
     mixed_access_modes_share_one_file,
     setattr_mode_owner_size,
     setattr_times,
+    mmap_write_updates_times,
     mkdir_rmdir_unlink,
     rename_variants,
     hard_links,
@@ -59,6 +60,8 @@ both_modes!(
     statfs_matches_source,
     access_checks,
     xattrs,
+    posix_acls,
+    symlink_xattrs,
     open_fd_survives_renames_of_ancestors,
     open_fd_survives_unlink,
     forgets_after_drop_caches,
@@ -147,6 +150,27 @@ fn hex(d: &[u8]) -> String {
 fn drop_caches() {
     unsafe { libc::sync() };
     fs::write("/proc/sys/vm/drop_caches", "3\n").expect("echo 3 > /proc/sys/vm/drop_caches");
+}
+
+/// Maps the first `len` bytes of `f` shared and writable, stores `byte` at offset 0 through
+/// the mapping, msyncs it if `sync`, and unmaps.
+fn write_first_byte_mapped(f: &File, len: usize, byte: u8, sync: bool) {
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+        *(addr as *mut u8) = byte;
+        if sync {
+            assert_eq!(libc::msync(addr, len, libc::MS_SYNC), 0);
+        }
+        libc::munmap(addr, len);
+    }
 }
 
 fn lseek(f: &File, off: i64, whence: i32) -> io::Result<i64> {
@@ -264,20 +288,7 @@ fn append_semantics(args: &[&str]) {
     let p = m.mnt.join("mapped");
     fs::write(&p, "0123456789").unwrap();
     let f = OpenOptions::new().read(true).append(true).open(&p).unwrap();
-    unsafe {
-        let addr = libc::mmap(
-            std::ptr::null_mut(),
-            10,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(addr, libc::MAP_FAILED, "{}", io::Error::last_os_error());
-        *(addr as *mut u8) = b'X';
-        assert_eq!(libc::msync(addr, 10, libc::MS_SYNC), 0);
-        libc::munmap(addr, 10);
-    }
+    write_first_byte_mapped(&f, 10, b'X', true);
     f.sync_all().unwrap();
     drop(f);
     assert_eq!(fs::read(m.src.join("mapped")).unwrap(), b"X123456789");
@@ -673,6 +684,46 @@ fn now_secs() -> i64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
+}
+
+/// A write through a shared mapping, then close: stat through MNT shows the mtime and ctime
+/// the filesystem underneath set (xfstests generic/080, 215), though the attributes were
+/// cached before (with kernel passthrough the daemon never sees that write).
+fn mmap_write_updates_times(args: &[&str]) {
+    let m = TestMount::with_args(args);
+    let p = m.mnt.join("mapped");
+    fs::write(&p, "0123456789").unwrap();
+    // Times in the past, then a stat that caches them in the kernel.
+    utimensat(&p, [ts(1_000_000_000, 0), ts(1_000_000_000, 0)], 0);
+    let before = lstat(&p);
+    assert_eq!(before.st_mtime, 1_000_000_000);
+    let start = now_secs();
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    write_first_byte_mapped(&f, 10, b'X', false);
+    drop(f);
+    let after = lstat(&p);
+    let src = lstat(&m.src.join("mapped"));
+    assert!(src.st_mtime >= start, "SRC's mtime {}", src.st_mtime);
+    assert_eq!(
+        (
+            after.st_mtime,
+            after.st_mtime_nsec,
+            after.st_ctime,
+            after.st_ctime_nsec
+        ),
+        (
+            src.st_mtime,
+            src.st_mtime_nsec,
+            src.st_ctime,
+            src.st_ctime_nsec
+        ),
+        "times through MNT vs SRC after a mapped write"
+    );
+    assert!(
+        (after.st_ctime, after.st_ctime_nsec) > (before.st_ctime, before.st_ctime_nsec),
+        "ctime not updated"
+    );
+    assert_eq!(fs::read(&p).unwrap(), b"X123456789");
 }
 
 fn setattr_times(args: &[&str]) {
@@ -1275,6 +1326,126 @@ fn xattrs(args: &[&str]) {
         assert_eq!(errno(getxattr(&sp, "user.one")), libc::ENODATA);
         assert!(!listxattr(&p).contains("user.one"));
     }
+}
+
+/// Runs `script` with `sh -e` in a fresh directory `name` under MNT and under a plain
+/// directory on the same disk as SRC, and asserts both print the same: the mount behaves
+/// as the filesystem underneath. Returns that output. Both directories are 0777, reachable
+/// by other users (the script may switch with `setpriv`).
+fn same_as_underneath(m: &TestMount, name: &str, script: &str) -> String {
+    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    let plain = m.root().join("plain");
+    fs::create_dir_all(&plain).unwrap();
+    let mut outs = Vec::new();
+    for base in [&m.mnt, &plain] {
+        let dir = base.join(name);
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let out = run("sh", &["-ec", script], &dir);
+        assert!(
+            out.status.success(),
+            "in {}: {}{}",
+            dir.display(),
+            stdout(&out),
+            stderr(&out)
+        );
+        outs.push(stdout(&out));
+    }
+    assert_eq!(
+        outs[0], outs[1],
+        "through the mount vs. the disk underneath"
+    );
+    outs.swap_remove(0)
+}
+
+/// POSIX ACLs (FUSE_POSIX_ACL): inheritance of a default ACL with the umask ignored under
+/// it (and applied elsewhere), ACL entries of the owner/group/other shown in the mode,
+/// chmod rewriting the ACL, access decided by named entries, and setgid cleared by a
+/// setfacl from outside the file's group — all as on ext4 underneath.
+fn posix_acls(args: &[&str]) {
+    let m = TestMount::with_args(&[args, &["--allow-other"]].concat());
+    let out = same_as_underneath(
+        &m,
+        "acl",
+        "umask 022
+         mkdir d
+         setfacl -d -m u::rwx,g::rwx,o::rwx,u:65534:r-x d
+         touch d/f; mkdir d/sub; mkfifo d/p; touch plain; mkdir plaindir
+         stat -c '%n %a' d/f d/sub d/p plain plaindir
+         getfacl -cpn d/f d/sub
+         touch o; setfacl -m u::r,g::r,o::- o; stat -c '%n %a' o
+         chmod 0751 o; getfacl -cpn o
+         echo secret > s; chmod 0600 s; setfacl -m u:65534:rw s
+         setpriv --reuid 65534 --regid 65534 --clear-groups -- sh -c 'echo more >> s; cat s'
+         setfacl -m m::r s
+         setpriv --reuid 65534 --regid 65534 --clear-groups -- sh -c 'echo x >> s' \
+             2>/dev/null || echo denied by the mask
+         touch g; chown 65534:0 g; chmod 2775 g
+         setpriv --reuid 65534 --regid 65534 --clear-groups -- setfacl -m o::r g
+         stat -c '%n %a' g
+         setfacl -b o; getfacl -cpn o",
+    );
+    // Not just equal: what the kernel's ACL rules say (umask 022 throughout).
+    for expected in [
+        "d/f 666",
+        "d/sub 777",
+        "d/p 666",
+        "plain 644",
+        "plaindir 755",
+        "o 440",
+        "secret\nmore\n",
+        "denied by the mask",
+        "g 774",
+        "default:user:65534:r-x",
+        "user::rwx\ngroup::r-x\nother::--x",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing in:\n{out}");
+    }
+}
+
+/// xattrs on a symlink act on the symlink itself (not on the procfs link the daemon's O_PATH
+/// fd is, nor on the target), also after a rename of the link: `trusted.*` works as root,
+/// `user.*` is refused, as on ext4 underneath.
+fn symlink_xattrs(args: &[&str]) {
+    let m = TestMount::with_args(args);
+    let out = same_as_underneath(
+        &m,
+        "sx",
+        "ln -s nowhere l
+         setfattr -h -n trusted.a -v one l
+         getfattr -h --only-values -n trusted.a l; echo
+         setfattr -h -n user.a -v one l 2>&1 || echo user refused
+         mv l l2
+         setfattr -h -n trusted.b -v two l2
+         getfattr -h -d -m trusted l2
+         setfattr -h -x trusted.a l2
+         getfattr -h -d -m trusted l2
+         echo data > f; setfattr -n trusted.f -v target f; ln -s f lf
+         getfattr -h -n trusted.f lf 2>&1 || echo not on the link
+         getfattr --only-values -n trusted.f lf; echo",
+    );
+    for expected in [
+        "one\n",
+        "user refused",
+        "trusted.a=\"one\"\ntrusted.b=\"two\"",
+        "not on the link",
+        "target\n",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing in:\n{out}");
+    }
+    // Seen in SRC on the link itself.
+    let link = c(&m.src.join("sx/l2"));
+    let mut buf = [0u8; 16];
+    // SAFETY: C strings; buf is writable for its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            link.as_ptr(),
+            c"trusted.b".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(&buf[..usize::try_from(n).unwrap()], b"two");
 }
 
 // ---- inode-table robustness ------------------------------------------------------------

@@ -216,7 +216,7 @@ pub mod mutate {
     use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
     use super::Permit;
-    use crate::sys::{cvt, proc_reopen, with_proc_path};
+    use crate::sys::{XattrPath, cvt, proc_reopen, with_proc_path};
 
     /// Opens (maybe creating) `name` in `dir` with flags that can write.
     pub fn openat(
@@ -426,49 +426,33 @@ pub mod mutate {
 
     pub fn setxattr(
         _: &Permit<'_>,
-        fd: RawFd,
-        is_symlink: bool,
+        at: &XattrPath,
         name: &CStr,
         value: &[u8],
         flags: i32,
     ) -> io::Result<()> {
-        with_proc_path(fd, |p| {
-            // SAFETY: valid C strings; value readable for its length.
-            cvt(unsafe {
-                if is_symlink {
-                    libc::lsetxattr(
-                        p.as_ptr(),
-                        name.as_ptr(),
-                        value.as_ptr().cast(),
-                        value.len(),
-                        flags,
-                    )
-                } else {
-                    libc::setxattr(
-                        p.as_ptr(),
-                        name.as_ptr(),
-                        value.as_ptr().cast(),
-                        value.len(),
-                        flags,
-                    )
-                }
-            })?;
-            Ok(())
-        })
+        let (value_ptr, len) = (value.as_ptr().cast(), value.len());
+        // SAFETY: the path and name are C strings; value is readable for its length.
+        cvt(unsafe {
+            if at.nofollow {
+                libc::lsetxattr(at.as_ptr(), name.as_ptr(), value_ptr, len, flags)
+            } else {
+                libc::setxattr(at.as_ptr(), name.as_ptr(), value_ptr, len, flags)
+            }
+        })?;
+        Ok(())
     }
 
-    pub fn removexattr(_: &Permit<'_>, fd: RawFd, is_symlink: bool, name: &CStr) -> io::Result<()> {
-        with_proc_path(fd, |p| {
-            // SAFETY: valid C strings.
-            cvt(unsafe {
-                if is_symlink {
-                    libc::lremovexattr(p.as_ptr(), name.as_ptr())
-                } else {
-                    libc::removexattr(p.as_ptr(), name.as_ptr())
-                }
-            })?;
-            Ok(())
-        })
+    pub fn removexattr(_: &Permit<'_>, at: &XattrPath, name: &CStr) -> io::Result<()> {
+        // SAFETY: the path and name are C strings.
+        cvt(unsafe {
+            if at.nofollow {
+                libc::lremovexattr(at.as_ptr(), name.as_ptr())
+            } else {
+                libc::removexattr(at.as_ptr(), name.as_ptr())
+            }
+        })?;
+        Ok(())
     }
 
     /// Opens a fresh O_PATH fd for a name just created (no mutation, but it belongs to the

@@ -196,6 +196,14 @@ impl Inode {
         self.keep.store(false, Ordering::Relaxed);
     }
 
+    /// The parent entry and name the object was last looked up, created or renamed under
+    /// (invariant 4); `None` for the root. The name may be stale for an object with other
+    /// links (`keep`): callers check the object found there.
+    pub fn origin(&self) -> Option<(Arc<Inode>, CString)> {
+        let o = lock(&self.origin);
+        Some((o.parent.clone()?, o.name.clone()))
+    }
+
     fn origin_is(&self, parent: &Inode, name: &CStr) -> bool {
         let o = lock(&self.origin);
         o.parent.as_ref().is_some_and(|p| p.key == parent.key) && o.name.as_c_str() == name

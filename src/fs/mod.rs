@@ -40,6 +40,9 @@ pub struct FsConfig {
     /// The kernel mount options the mount was made with (a later `mount -o remount` may
     /// have changed ro/rw since: see [`crate::mount_options::mounted_read_only`]).
     pub options: crate::mount_options::MountOptions,
+    /// The normal user a root daemon mounts for (`--owner`): only that user's processes may
+    /// use the mount (the kernel checks), and the control socket is theirs.
+    pub owner: Option<crate::sys::UserIds>,
 }
 
 /// A looked-up entry: the kernel adds one lookup for every `Entry` it receives.
@@ -54,10 +57,11 @@ pub struct Opened {
     pub backing: Option<Arc<BackingId>>,
     pub direct_io: bool,
     pub keep_cache: bool,
-    /// The kernel must send FLUSH at close(2): the handle writes a file the exclusion
-    /// rules are read from, and close(2) waits for FLUSH (RELEASE comes asynchronously,
-    /// possibly after the caller's next request), so the new rules are in force before
-    /// close returns.
+    /// The kernel must send FLUSH at close(2), which waits for it (RELEASE comes
+    /// asynchronously, possibly after the caller's next request). Two reasons: the handle
+    /// writes a file the exclusion rules are read from, so the new rules are in force
+    /// before close returns; or it writes through kernel passthrough, so the kernel's
+    /// cached attributes can be dropped before close returns (see [`PassthroughFs::flush`]).
     pub flush_on_close: bool,
 }
 
@@ -102,6 +106,7 @@ pub struct PassthroughFs {
     passthrough_off: std::sync::OnceLock<String>,
     mountpoint: std::path::PathBuf,
     mount_options: crate::mount_options::MountOptions,
+    owner: Option<crate::sys::UserIds>,
 }
 
 /// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
@@ -153,12 +158,18 @@ impl PassthroughFs {
             passthrough_off,
             mountpoint: cfg.mountpoint,
             mount_options: cfg.options,
+            owner: cfg.owner,
         })
     }
 
     /// The mount point and the options the mount was made with.
     pub fn mount_info(&self) -> (&std::path::Path, &crate::mount_options::MountOptions) {
         (&self.mountpoint, &self.mount_options)
+    }
+
+    /// The normal user this root daemon mounts for (`--owner`), if any.
+    pub fn owner(&self) -> Option<crate::sys::UserIds> {
+        self.owner
     }
 
     /// Why kernel passthrough is off, or `None` while it is on.
@@ -403,10 +414,13 @@ impl PassthroughFs {
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         rdev: u32,
     ) -> io::Result<Entry> {
         self.create_entry(caller, parent, name, false, &|permit, dir, c| {
-            mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
+            sys::with_umask(umask, mode, |mode| {
+                mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
+            })
         })
     }
 
@@ -416,9 +430,10 @@ impl PassthroughFs {
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
     ) -> io::Result<Entry> {
         self.create_entry(caller, parent, name, true, &|permit, dir, c| {
-            mutate::mkdirat(permit, dir, c, mode)
+            sys::with_umask(umask, mode, |mode| mutate::mkdirat(permit, dir, c, mode))
         })
     }
 
@@ -643,6 +658,7 @@ impl PassthroughFs {
         } else {
             None
         };
+        let passthrough = backing.is_some();
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
         let keep_cache = backing.is_none();
         let fh = self.handles.insert(Handle::File(FileHandle {
@@ -657,7 +673,7 @@ impl PassthroughFs {
             backing,
             direct_io,
             keep_cache,
-            flush_on_close: writes_rules,
+            flush_on_close: writes_rules || (writable && passthrough),
         })
     }
 
@@ -685,12 +701,14 @@ impl PassthroughFs {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         flags: i32,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<(Entry, Opened)> {
@@ -711,9 +729,11 @@ impl PassthroughFs {
                 // Reopened (if need be) as the daemon, not as the caller.
                 let dir = parent.fd()?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                let fd = self
-                    .inodes
-                    .retry_on_emfile(|| mutate::openat(&permit, dir.as_fd(), c, own, mode))?;
+                let fd = self.inodes.retry_on_emfile(|| {
+                    sys::with_umask(umask, mode, |mode| {
+                        mutate::openat(&permit, dir.as_fd(), c, own, mode)
+                    })
+                })?;
                 (fd, permit.touches_rules())
             };
             let entry = self.adopt_created(fd.as_fd(), &parent, c)?;
@@ -788,15 +808,23 @@ impl PassthroughFs {
         Ok(written as u32)
     }
 
-    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<()> {
-        // Nothing buffered in the daemon; POSIX locks are handled by the kernel. FLUSH comes
-        // with every close(2), which waits for it (RELEASE may come later).
-        if !virt::is_virtual_handle(fh)
-            && let Some(handle) = self.handles.get(fh)
-        {
-            self.written_file_closed(&handle);
+    /// FLUSH, at every close(2) of a handle opened with `flush_on_close`. Returns whether
+    /// the kernel's cached attributes of the inode must be dropped (the adapter tells the
+    /// kernel before replying): the handle wrote through kernel passthrough, where a write
+    /// through a shared mapping goes to SRC's page cache without the FUSE inode hearing of
+    /// it, so the mtime/ctime SRC's filesystem set at the page fault would otherwise stay
+    /// hidden behind the day-long attribute timeout (xfstests generic/080, 215). write(2)
+    /// through passthrough needs none of this: the kernel invalidates them itself.
+    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<bool> {
+        // Nothing buffered in the daemon; POSIX locks are handled by the kernel.
+        if virt::is_virtual_handle(fh) {
+            return Ok(false);
         }
-        Ok(())
+        let Some(handle) = self.handles.get(fh) else {
+            return Ok(false);
+        };
+        self.written_file_closed(&handle);
+        Ok(matches!(&*handle, Handle::File(f) if f.writable && f.backing.is_some()))
     }
 
     /// Data written through a handle is final once it is closed: that is when a written
@@ -1057,13 +1085,40 @@ impl PassthroughFs {
         })
     }
 
+    /// Runs `f` with the path an xattr call reaches `inode` by (see [`sys::XattrPath`]). A
+    /// symlink is reached through its origin's parent directory and name (inodes invariant
+    /// 4), accepted only if the object there is this entry's (`(st_dev, st_ino)` checked
+    /// just before; a rename racing that check is the window left, since no fd-based xattr
+    /// call takes a symlink); otherwise ESTALE, as a failed reopen would be.
+    fn with_xattr_path<R>(
+        &self,
+        inode: &Inode,
+        f: impl FnOnce(&sys::XattrPath) -> io::Result<R>,
+    ) -> io::Result<R> {
+        if !inode.is_symlink() {
+            return f(&sys::XattrPath::of_fd(inode.fd()?.as_raw_fd()));
+        }
+        let (parent, name) = inode.origin().ok_or_else(|| errno(libc::ESTALE))?;
+        let dir = parent.fd()?;
+        let st = sys::fstatat(dir.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
+            .map_err(|_| errno(libc::ESTALE))?;
+        if inodes::ObjectKey::of(&st) != inode.key {
+            return Err(errno(libc::ESTALE));
+        }
+        f(&sys::XattrPath::in_dir(dir.as_raw_fd(), &name))
+    }
+
+    fn xattr_name(name: &OsStr) -> io::Result<std::ffi::CString> {
+        std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))
+    }
+
     pub fn getxattr(&self, ino: u64, name: &OsStr, buf: &mut [u8]) -> io::Result<usize> {
         if virt::is_virtual(ino) {
             return Err(errno(libc::ENODATA));
         }
         let inode = self.inode(ino)?;
-        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
-        sys::getxattr(inode.fd()?.as_raw_fd(), inode.is_symlink(), &name, buf)
+        let name = Self::xattr_name(name)?;
+        self.with_xattr_path(&inode, |at| sys::getxattr(at, &name, buf))
     }
 
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
@@ -1071,7 +1126,7 @@ impl PassthroughFs {
             return Ok(0);
         }
         let inode = self.inode(ino)?;
-        sys::listxattr(inode.fd()?.as_raw_fd(), inode.is_symlink(), buf)
+        self.with_xattr_path(&inode, |at| sys::listxattr(at, buf))
     }
 
     pub fn setxattr(
@@ -1086,16 +1141,17 @@ impl PassthroughFs {
             return Err(errno(libc::EROFS));
         }
         let inode = self.inode(ino)?;
-        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        let name = Self::xattr_name(name)?;
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        mutate::setxattr(
-            &permit,
-            inode.fd()?.as_raw_fd(),
-            inode.is_symlink(),
-            &name,
-            value,
-            flags,
-        )
+        self.with_xattr_path(&inode, |at| {
+            mutate::setxattr(&permit, at, &name, value, flags)
+        })?;
+        // SRC's filesystem has set the mode from the ACL, judging the daemon's privilege.
+        if name.as_bytes() == b"system.posix_acl_access" {
+            let to_drop = self.privs_to_drop(caller, &inode, privs::to_drop_on_acl)?;
+            Self::drop_privs(&permit, &inode, to_drop)?;
+        }
+        Ok(())
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> io::Result<()> {
@@ -1103,9 +1159,9 @@ impl PassthroughFs {
             return Err(errno(libc::EROFS));
         }
         let inode = self.inode(ino)?;
-        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))?;
+        let name = Self::xattr_name(name)?;
         let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        mutate::removexattr(&permit, inode.fd()?.as_raw_fd(), inode.is_symlink(), &name)
+        self.with_xattr_path(&inode, |at| mutate::removexattr(&permit, at, &name))
     }
 
     /// Paths (relative to the mount root) of files currently open for writing: a

@@ -104,6 +104,18 @@ pub fn to_drop_on_write(mode: u32, file_gid: u32, caller: &Privilege) -> u32 {
     }
 }
 
+/// The bit setting an access ACL by `caller` clears (`posix_acl_update_mode`): setgid,
+/// on any file type, unless the caller is in the file's group or has `CAP_FSETID`. SRC's
+/// filesystem judges the daemon instead, and fuser cannot negotiate `FUSE_SETXATTR_EXT`,
+/// the kernel's way of passing `FUSE_SETXATTR_ACL_KILL_SGID` on.
+pub fn to_drop_on_acl(mode: u32, file_gid: u32, caller: &Privilege) -> u32 {
+    if mode & libc::S_ISGID != 0 && !caller.in_group_or_capable(file_gid) {
+        libc::S_ISGID
+    } else {
+        0
+    }
+}
+
 /// The bits a chown by `caller` clears that a chown by the daemon would keep.
 pub fn to_drop_on_chown(mode: u32, file_gid: u32, caller: &Privilege) -> u32 {
     let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
@@ -212,6 +224,19 @@ mod tests {
         assert_eq!(to_drop_on_chown(REG | 0o6775, 7, &me), 0);
         assert_eq!(to_drop_on_chown(libc::S_IFDIR | 0o2664, 7, &me), 0);
         assert_eq!(to_drop_on_chown(REG | 0o2664, 7, &root()), 0);
+    }
+
+    #[test]
+    fn access_acl_drops_sgid_outside_the_group() {
+        let me = user(&[]);
+        assert_eq!(to_drop_on_acl(REG | 0o2755, 7, &me), libc::S_ISGID);
+        assert_eq!(
+            to_drop_on_acl(libc::S_IFDIR | 0o2775, 7, &me),
+            libc::S_ISGID
+        );
+        assert_eq!(to_drop_on_acl(REG | 0o2755, 7, &user(&[7])), 0);
+        assert_eq!(to_drop_on_acl(REG | 0o2755, 7, &root()), 0);
+        assert_eq!(to_drop_on_acl(REG | 0o4755, 7, &me), 0);
     }
 
     #[test]

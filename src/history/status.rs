@@ -44,6 +44,8 @@ pub struct IoMode {
     pub passthrough_off_reason: Option<String>,
     /// The uid the daemon runs as (0: mounted with mount(2); else through fusermount3).
     pub daemon_uid: u32,
+    /// The normal user a root daemon mounts for (`--owner`), or `null`.
+    pub owner_uid: Option<u32>,
     /// The kernel mount options the mount was made with (`-o`), every setting spelled out.
     pub mount_options: String,
     /// The mount is read-only now: `-o ro`, or a later `mount -o remount,ro`.
@@ -356,7 +358,9 @@ impl StatusReport {
                 Some(why) => format!("served by the daemon (kernel passthrough is off: {why})"),
             };
             let _ = writeln!(out, "file io:        {how}");
-            let mounted_by = if io.daemon_uid == 0 {
+            let mounted_by = if let Some(owner) = io.owner_uid {
+                format!("root (mount(2)) for uid {owner} (--owner: only that user may use it)")
+            } else if io.daemon_uid == 0 {
                 "root (mount(2))".to_string()
             } else {
                 format!("uid {} (fusermount3)", io.daemon_uid)

@@ -214,6 +214,19 @@ impl TestMount {
         }
     }
 
+    /// After an unmount made by someone else (another user's `checkpointfs umount`):
+    /// asserts that the mount and its daemon are gone, and reaps the daemon.
+    pub fn unmounted_by_other(&mut self) {
+        assert!(!is_mount_point(&self.mnt), "still mounted");
+        if let Some(pid) = self.pid.take() {
+            assert!(
+                !process_alive(pid),
+                "daemon {pid} alive after umount returned"
+            );
+            reap(pid, Duration::from_secs(5));
+        }
+    }
+
     /// Unmount then mount again with the same arguments.
     pub fn remount(&mut self) {
         self.umount();
