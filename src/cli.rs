@@ -335,12 +335,12 @@ pub struct LogArgs {
     #[command(flatten)]
     pub target: TargetArgs,
 
-    /// Print JSON (schema "checkpointfs.log/2", see docs/json-output.md)
+    /// Print JSON (schema "checkpointfs.log/3", see docs/json-output.md)
     #[arg(long)]
     pub json: bool,
 
-    /// Only the changes made by this agent session (its full id, or the first 8 or more
-    /// characters the text log shows)
+    /// Only this agent session's checkpoints and the changes it made (its full id, or the
+    /// first 8 or more characters the text log shows)
     #[arg(long, value_name = "SESSION")]
     pub session: Option<String>,
 }

@@ -12,7 +12,7 @@
 //! under a log reading it. Checkpoint and flush do not take it.
 //! Lock order: maintenance → the gate's epoch lock → `History::state` (see `history`).
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -281,17 +281,32 @@ fn serve_connection(
         }
     };
     let response = match serde_json::from_str::<Request>(&line) {
-        Ok(req) => match req {
-            Request::Checkpoint { .. } | Request::Flush => handle(fs, req, &mut send_progress),
-            Request::Gc { .. } => {
-                let _alone = maintenance.write().unwrap_or_else(|p| p.into_inner());
-                handle(fs, req, &mut send_progress)
+        Ok(req) => {
+            // A checkpoint (also a rewind's `ID:before-rewind`) is recorded under the agent
+            // session of the process that asked, when it belongs to one (an agent running
+            // the CLI): the peer's pid, traced up the process tree as for changes.
+            let session = match req {
+                Request::Checkpoint { .. }
+                | Request::Rewind { .. }
+                | Request::SessionRewind { .. } => crate::sys::peer_pid(stream.as_fd())
+                    .ok()
+                    .and_then(|pid| fs.history().session_of(pid)),
+                _ => None,
+            };
+            match req {
+                Request::Checkpoint { .. } | Request::Flush => {
+                    handle(fs, req, session, &mut send_progress)
+                }
+                Request::Gc { .. } => {
+                    let _alone = maintenance.write().unwrap_or_else(|p| p.into_inner());
+                    handle(fs, req, session, &mut send_progress)
+                }
+                _ => {
+                    let _shared = maintenance.read().unwrap_or_else(|p| p.into_inner());
+                    handle(fs, req, session, &mut send_progress)
+                }
             }
-            _ => {
-                let _shared = maintenance.read().unwrap_or_else(|p| p.into_inner());
-                handle(fs, req, &mut send_progress)
-            }
-        },
+        }
         Err(e) => Response {
             ok: false,
             error: format!("bad control request: {e}"),
@@ -356,11 +371,19 @@ fn rewind_request(
 }
 
 /// `progress(text, last)` streams a progress line to the client, if it asked for them.
-fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, bool)) -> Response {
+/// `session`: the agent session of the client, if any, for the checkpoints it takes.
+fn handle(
+    fs: &PassthroughFs,
+    req: Request,
+    session: Option<String>,
+    progress: &mut dyn FnMut(String, bool),
+) -> Response {
     let result = match req {
         Request::Checkpoint { id } => match crate::ids::validate_id(id.as_bytes()) {
             Err(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
-            Ok(id) => fs.checkpoint(id).map(|()| format!("checkpoint {id}\n")),
+            Ok(id) => fs
+                .checkpoint(id, session)
+                .map(|()| format!("checkpoint {id}\n")),
         },
         Request::Flush => fs.history().flush().map(|()| String::new()),
         Request::Rewind {
@@ -376,6 +399,7 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
                 rewind_agent_state,
                 session: None,
                 force: false,
+                checkpoint_session: session,
             };
             rewind_request(fs, &id, &opts, wanted, progress)
         }
@@ -384,16 +408,18 @@ fn handle(fs: &PassthroughFs, req: Request, progress: &mut dyn FnMut(String, boo
             dry_run,
             paths,
             rewind_agent_state,
-            session,
+            session: rewound,
             force,
             progress: wanted,
         } => {
+            let session_of_client = session;
             let opts = crate::rewind::RewindOptions {
                 paths,
                 dry_run,
                 rewind_agent_state,
-                session: Some(session),
+                session: Some(rewound),
                 force,
+                checkpoint_session: session_of_client,
             };
             rewind_request(fs, &id, &opts, wanted, progress)
         }

@@ -228,20 +228,69 @@ pub struct RewindOptions {
     pub session: Option<String>,
     /// With `session`: rewind paths others changed too.
     pub force: bool,
+    /// The agent session of whoever asked for the rewind, if any: its `ID:before-rewind`
+    /// checkpoint is recorded under it, as a checkpoint that process took itself would be.
+    pub checkpoint_session: Option<String>,
 }
 
-/// Narrows `only` to what `session` changed after checkpoint `k`. Refuses (changing
-/// nothing) when others changed any of those paths too, unless `force`; the report notes
-/// them either way.
+/// A word for a POSIX shell: as it is when it needs no quoting, else in single quotes.
+fn shell_word(w: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "._:@/=+,-%".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
+
+/// The command that runs this session rewind again, as the user typed it, but `--force`
+/// when `force` and for `paths` (all of them when empty): a suggestion to copy and run.
+fn session_rewind_command(
+    mnt: &std::path::Path,
+    id: &str,
+    opts: &RewindOptions,
+    session: &str,
+    force: bool,
+    paths: &[String],
+) -> String {
+    let mut words = vec![
+        "checkpointfs".to_string(),
+        "rewind".to_string(),
+        shell_word(&mnt.to_string_lossy()),
+        shell_word(id),
+        "--session".to_string(),
+        shell_word(session),
+    ];
+    if force {
+        words.push("--force".to_string());
+    }
+    if opts.rewind_agent_state {
+        words.push("--rewind-agent-state".to_string());
+    }
+    if opts.dry_run {
+        words.push("--dry-run".to_string());
+    }
+    if !paths.is_empty() {
+        words.push("--".to_string());
+        words.extend(paths.iter().map(|p| shell_word(p)));
+    }
+    words.join(" ")
+}
+
+/// Narrows `only` to what `opts.session` changed after checkpoint `k`. Refuses (changing
+/// nothing) when others changed any of those paths too, unless `opts.force`; the report
+/// notes them either way. The refusal suggests the commands to run instead, for the real
+/// mount point.
 fn session_selection(
-    history: &History,
+    fs: &PassthroughFs,
     k: usize,
     id: &str,
     session: &str,
+    opts: &RewindOptions,
     only: &[String],
-    force: bool,
     out: &mut String,
 ) -> io::Result<(Vec<String>, SessionChanges)> {
+    let (history, mnt) = (fs.history(), fs.mount_info().0);
     // Attribution is read from the transcript: everything recorded so far must be in it.
     history.flush()?;
     let changed = history.session_changes_since(k, session)?;
@@ -264,12 +313,29 @@ fn session_selection(
             )
         })
         .collect();
-    if !conflicts.is_empty() && !force {
+    if !conflicts.is_empty() && !opts.force {
+        let own_only: Vec<String> = changed
+            .iter()
+            .filter(|(_, others)| others.is_empty())
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut hint = String::new();
+        if !own_only.is_empty() {
+            hint.push_str(&format!(
+                "Rewind only the paths no one else changed with:\n  {}\nor all of them",
+                session_rewind_command(mnt, id, opts, session, false, &own_only)
+            ));
+        } else {
+            hint.push_str("Rewind them");
+        }
+        hint.push_str(&format!(
+            ", undoing the others' changes to them too, with:\n  {}",
+            session_rewind_command(mnt, id, opts, session, true, only)
+        ));
         return Err(io::Error::other(format!(
             "refusing to rewind session {session} to '{id}': others changed these paths \
              after it too, so rewinding them would undo their work:\n  {}\nNothing was \
-             changed. Rewind the other paths with: checkpointfs rewind MNT {id} -- PATH..., \
-             or all of them with --force",
+             changed. {hint}",
             conflicts.join("\n  ")
         )));
     }
@@ -311,8 +377,7 @@ pub fn rewind(
     let mut out = String::new();
     let mut session_paths = None;
     if let Some(session) = &opts.session {
-        let (paths, changed) =
-            session_selection(history, k, id, session, &only, opts.force, &mut out)?;
+        let (paths, changed) = session_selection(fs, k, id, session, opts, &only, &mut out)?;
         if paths.is_empty() {
             return Ok(out);
         }
@@ -331,8 +396,16 @@ pub fn rewind(
         if !collateral.is_empty() && !opts.force {
             return Err(io::Error::other(format!(
                 "refusing to rewind the session to '{id}': it would also change paths the \
-                 session did not change:\n  {}\nNothing was changed; --force rewinds them too",
-                collateral.join("\n  ")
+                 session did not change:\n  {}\nNothing was changed. Rewind them too with:\n  {}",
+                collateral.join("\n  "),
+                session_rewind_command(
+                    fs.mount_info().0,
+                    id,
+                    opts,
+                    opts.session.as_deref().unwrap_or_default(),
+                    true,
+                    &opts.paths
+                )
             )));
         }
     }
@@ -361,7 +434,7 @@ pub fn rewind(
         return Ok(out);
     }
     let saved = history.unused_rewind_id(id);
-    fs.checkpoint(&saved)?;
+    fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
     let root = open_mount_root(history)?;
     apply(history, &root, &steps, progress)?;
@@ -658,4 +731,33 @@ fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggested_commands_are_shell_words() {
+        assert_eq!(shell_word("/tmp/my project"), "'/tmp/my project'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("cc-2025:01@x/a.txt"), "cc-2025:01@x/a.txt");
+        let opts = RewindOptions {
+            rewind_agent_state: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            session_rewind_command(
+                std::path::Path::new("/tmp/my project"),
+                "m1",
+                &opts,
+                "aaaaaaaa",
+                true,
+                &["a b.txt".to_string(), "c".to_string()],
+            ),
+            "checkpointfs rewind '/tmp/my project' m1 --session aaaaaaaa --force \
+             --rewind-agent-state -- 'a b.txt' c"
+        );
+    }
 }

@@ -203,6 +203,28 @@ pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> io::Result<i64> {
     cvt(unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) })
 }
 
+/// The process id of the peer of a connected Unix socket (`SO_PEERCRED`: the process that
+/// connected, as of the connect).
+pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid fd; `cred` is writable for `len` bytes, the size SO_PEERCRED fills.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    })?;
+    u32::try_from(cred.pid).map_err(|_| errno(libc::ESRCH))
+}
+
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
     // SAFETY: plain syscall on a valid fd.
     cvt(unsafe {

@@ -488,7 +488,7 @@ fn three_prompts_of_a_real_claude_code_session_are_checkpointed_and_rewound() {
     // The log files each prompt's work under that prompt's checkpoint.
     let s = m.mnt.to_str().unwrap();
     let log: Value = serde_json::from_str(&cli_ok(&["log", s, "--json"])).unwrap();
-    assert_eq!(log["schema"], "checkpointfs.log/2");
+    assert_eq!(log["schema"], "checkpointfs.log/3");
     assert_eq!(log["before_first"]["changes"], json!([]), "{log:#}");
     let logged: Vec<&str> = log["checkpoints"]
         .as_array()
@@ -626,6 +626,53 @@ fn two_concurrent_claude_code_sessions_are_rewound_separately() {
         json!([SESSION_A, SESSION_B]),
         "{log:#}"
     );
+    // Each checkpoint is its session's, and lists that session's work in answer to its
+    // prompt, up to its own next checkpoint (none: now) — although the other session's
+    // checkpoint came in between, whichever came first.
+    let own = |session: &str| {
+        let id = ids
+            .iter()
+            .find(|id| is_hook_id(id, &session[..8], 1))
+            .unwrap()
+            .clone();
+        let file = if session == SESSION_A {
+            "a.txt"
+        } else {
+            "b.txt"
+        };
+        let change = |p: &str| {
+            (
+                p.to_string(),
+                "modified".to_string(),
+                vec![session.to_string()],
+            )
+        };
+        (
+            id,
+            Some(session.to_string()),
+            None,
+            vec![change(file), change("shared.txt")],
+        )
+    };
+    // (`until` is the other's checkpoint or none, as the race decides.)
+    let grouped = |log: &Value| {
+        let mut all: Vec<_> = logged_checkpoints(log)
+            .into_iter()
+            .map(|c| (c.id, c.session, c.session_until, c.changes))
+            .collect();
+        all.sort_by(|x, y| x.1.cmp(&y.1));
+        all
+    };
+    assert_eq!(
+        grouped(&log),
+        vec![own(SESSION_A), own(SESSION_B)],
+        "{log:#}"
+    );
+    for session in [SESSION_A, SESSION_B] {
+        let only: Value =
+            serde_json::from_str(&cli_ok(&["log", s, "--json", "--session", session])).unwrap();
+        assert_eq!(grouped(&only), vec![own(session)], "{only:#}");
+    }
 
     // Session A's rewind: B also changed shared.txt, so it refuses, names it, changes nothing.
     let before = tree_listing(&m.mnt);
@@ -638,6 +685,13 @@ fn two_concurrent_claude_code_sessions_are_rewound_separately() {
     );
     assert!(!err.contains("a.txt (") && !err.contains("b.txt"), "{err}");
     assert!(err.contains("Nothing was changed"), "{err}");
+    // ... and suggests the commands to run, as they can be run.
+    for hint in [
+        format!("\n  checkpointfs rewind {s} {id_a} --session {SESSION_A} -- a.txt\n"),
+        format!("\n  checkpointfs rewind {s} {id_a} --session {SESSION_A} --force\n"),
+    ] {
+        assert!(err.contains(&hint), "{hint:?} in {err}");
+    }
     assert_eq!(tree_listing(&m.mnt), before);
     assert_eq!(checkpoint_ids(&m), ids, "a refused rewind saves nothing");
 

@@ -471,7 +471,7 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
 
     // log --json: each checkpoint lists the work done in answer to its prompt, by the session.
     let log: Value = serde_json::from_str(&cli_ok(&["log", mnt_s, "--json"])).unwrap();
-    assert_eq!(log["schema"], "checkpointfs.log/2");
+    assert_eq!(log["schema"], "checkpointfs.log/3");
     let cps = log["checkpoints"].as_array().unwrap();
     let c1 = changes(&cps[0]);
     let c2 = changes(&cps[1]);
@@ -618,6 +618,8 @@ fn two_concurrent_gemini_sessions_are_rewound_separately() {
     );
     assert!(!err.contains("a.txt (also"), "{err}");
     assert!(err.contains("Nothing was changed"), "{err}");
+    let forced = format!("\n  checkpointfs rewind {mnt_s} {a1} --session {SESSION_A} --force\n");
+    assert!(err.contains(&forced), "{forced:?} in {err}");
     assert_eq!(
         tree_listing(&mnt),
         before,

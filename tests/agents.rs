@@ -647,3 +647,268 @@ fn a_session_cannot_be_registered_for_another_users_process() {
         assert_eq!(err.raw_os_error(), Some(errno), "{line}: {err}");
     }
 }
+
+/// One step of agent `session` without a real agent: a fresh `sh` registers itself as the
+/// session's root on ctl, then runs `cmd` with builtins only, so every write and checkpoint
+/// of the step is made by that very shell.
+fn as_session(m: &TestMount, session: &str, cmd: &str) {
+    sh(
+        m,
+        &format!("printf 'session {session} %s\\n' $$ > .checkpoint/ctl && {cmd}"),
+    );
+}
+
+/// A checkpoint taken by `session` (as its prompt hook would, from the agent's tree).
+fn session_checkpoint(m: &TestMount, session: &str, id: &str) {
+    as_session(m, session, &format!("printf '{id}\\n' > .checkpoint/ctl"));
+}
+
+/// The size after a change listed in `log`, by checkpoint id and path.
+fn size_after(log: &serde_json::Value, id: &str, path: &str) -> u64 {
+    let c = log["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {log}"));
+    let ch = c["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|ch| ch["path"] == path)
+        .unwrap_or_else(|| panic!("no {path} under {id} in {log}"));
+    ch["after"]["size"].as_u64().unwrap()
+}
+
+#[test]
+fn two_interleaved_sessions_each_list_their_work_under_their_own_prompts() {
+    let mut m = TestMount::unmounted(&[]);
+    for f in ["a.txt", "b.txt", "shared.txt", "user.txt"] {
+        fs::write(m.src.join(f), "v0\n").unwrap();
+    }
+    m.mount();
+    let (a, b) = (SESSION_A, SESSION_B);
+    // A's prompt 1, B's prompt 1, then both work at once.
+    session_checkpoint(&m, a, "A-1");
+    session_checkpoint(&m, b, "B-1");
+    as_session(&m, a, "echo A1 >> a.txt");
+    as_session(&m, b, "echo B1 >> b.txt");
+    as_session(&m, a, "echo A1 >> shared.txt");
+    // A's prompt 2 while B is still on its first; the user edits a file meanwhile.
+    session_checkpoint(&m, a, "A-2");
+    as_session(&m, b, "echo B1 > b2.txt");
+    fs::write(m.mnt.join("user.txt"), "user 1\n").unwrap();
+    // B's prompt 2; both go on, B touches A's shared file.
+    session_checkpoint(&m, b, "B-2");
+    as_session(&m, a, "echo A2 >> a.txt");
+    as_session(&m, b, "echo B2 >> shared.txt && echo B2 >> b.txt");
+    // The user takes a checkpoint of their own; A is still answering prompt 2.
+    checkpoint(&m, "u-1");
+    as_session(&m, a, "echo A3 > a3.txt");
+    fs::write(m.mnt.join("user.txt"), "user 2\n").unwrap();
+
+    let mnt_path = m.mnt.clone();
+    let read = |f: &str| fs::read_to_string(mnt_path.join(f)).unwrap();
+    let mnt = mnt_path.to_str().unwrap();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["log", mnt, "--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&cli_ok(&all)).unwrap()
+    };
+    let s = |x: &str| Some(x.to_string());
+    let ch = |p: &str, c: &str, sess: &[&str]| {
+        (
+            p.to_string(),
+            c.to_string(),
+            sess.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+    };
+    // Each session's prompt runs from its checkpoint to its own next one; the user's
+    // changes go under the tree's latest checkpoint, as with one session.
+    let a1 = LoggedCheckpoint {
+        id: "A-1".to_string(),
+        session: s(a),
+        until: s("B-1"),
+        session_until: s("A-2"),
+        changes: vec![
+            ch("a.txt", "modified", &[a]),
+            ch("shared.txt", "modified", &[a]),
+        ],
+    };
+    let b1 = LoggedCheckpoint {
+        id: "B-1".to_string(),
+        session: s(b),
+        until: s("A-2"),
+        session_until: s("B-2"),
+        changes: vec![ch("b.txt", "modified", &[b]), ch("b2.txt", "added", &[b])],
+    };
+    let a2 = LoggedCheckpoint {
+        id: "A-2".to_string(),
+        session: s(a),
+        until: s("B-2"),
+        session_until: None,
+        changes: vec![
+            ch("a.txt", "modified", &[a]),
+            ch("a3.txt", "added", &[a]),
+            ch("user.txt", "modified", &[]),
+        ],
+    };
+    let b2 = LoggedCheckpoint {
+        id: "B-2".to_string(),
+        session: s(b),
+        until: s("u-1"),
+        session_until: None,
+        changes: vec![
+            ch("b.txt", "modified", &[b]),
+            ch("shared.txt", "modified", &[b]),
+        ],
+    };
+    let u1 = LoggedCheckpoint {
+        id: "u-1".to_string(),
+        session: None,
+        until: None,
+        session_until: None,
+        changes: vec![ch("user.txt", "modified", &[])],
+    };
+    let log = json(&[]);
+    assert_eq!(log["schema"], "checkpointfs.log/3");
+    assert_eq!(log["before_first"]["files_changed"], 0, "{log}");
+    assert_eq!(
+        logged_checkpoints(&log),
+        vec![a1.clone(), b1.clone(), a2.clone(), b2.clone(), u1.clone()],
+        "{log:#}"
+    );
+    // The ends of each span: A's a.txt after prompt 1 is as it was at A-2 ("v0 A1"), not
+    // at B-1; A's shared.txt at A-2 has no B2 yet; B's shared.txt runs to now.
+    assert_eq!(size_after(&log, "A-1", "a.txt"), 6);
+    assert_eq!(size_after(&log, "A-1", "shared.txt"), 6);
+    assert_eq!(size_after(&log, "A-2", "a.txt"), 9);
+    assert_eq!(size_after(&log, "B-2", "shared.txt"), 9);
+    assert_eq!(size_after(&log, "A-2", "user.txt"), 7);
+
+    // Per session: its own checkpoints, its own changes only.
+    let only_a = json(&["--session", a]);
+    let mut a2_own = a2.clone();
+    a2_own.changes.retain(|c| c.0 != "user.txt");
+    assert_eq!(
+        logged_checkpoints(&only_a),
+        vec![a1.clone(), a2_own],
+        "{only_a:#}"
+    );
+    let only_b = json(&["--session", "bbbbbbbb"]);
+    assert_eq!(
+        logged_checkpoints(&only_b),
+        vec![b1.clone(), b2.clone()],
+        "{only_b:#}"
+    );
+
+    // A session that did nothing here is told so, not "no checkpoints yet".
+    let none = cli_ok(&["log", mnt, "--session", "cccccccc"]);
+    assert_eq!(
+        none,
+        "session cccccccc: no checkpoint and no change of it is recorded (a session is named \
+         by its full id or 8 or more leading characters, as the log shows it)\n"
+    );
+    assert_eq!(
+        logged_checkpoints(&json(&["--session", "cccccccc"])),
+        [],
+        "the JSON is the empty log"
+    );
+
+    // The text shows each checkpoint's session, and "(up to now)" where its changes do.
+    let text = cli_ok(&["log", mnt]);
+    let headers: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .map(|l| {
+            let mut w = l.split("  ");
+            let id = w.next().unwrap();
+            let _time = w.next().unwrap();
+            let rest: Vec<&str> = w.collect();
+            format!("{id} {}", rest.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            "A-1 session aaaaaaaa",
+            "B-1 session bbbbbbbb",
+            "A-2 session aaaaaaaa (up to now)",
+            "B-2 session bbbbbbbb (up to now)",
+            "u-1 (up to now)",
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("A-1  ")
+            && text.contains(
+                "session aaaaaaaa\n    M a.txt  (by sh; session aaaaaaaa)\n    M shared.txt  (by sh; session aaaaaaaa)\n"
+            ),
+        "{text}"
+    );
+
+    // diff and rewind --session are by time, whoever's checkpoint: A changed a.txt, a3.txt
+    // and shared.txt since A-1; B changed shared.txt after it too.
+    let diff = cli_ok(&["diff", mnt, "A-1", "--session", a, "--stat"]);
+    for p in ["a.txt", "a3.txt", "shared.txt"] {
+        assert!(diff.contains(&format!(" {p} ")), "{diff}");
+    }
+    assert!(
+        !diff.contains("b.txt") && !diff.contains("user.txt"),
+        "{diff}"
+    );
+    let before = tree_listing(&m.mnt);
+    let out = cli(&["rewind", mnt, "A-1", "--session", "aaaaaaaa"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert_eq!(tree_listing(&m.mnt), before);
+    // The refusal suggests runnable commands: the real mount, the id, --session.
+    let own = format!("checkpointfs rewind {mnt} A-1 --session aaaaaaaa -- a.txt a3.txt");
+    let forced = format!("checkpointfs rewind {mnt} A-1 --session aaaaaaaa --force");
+    assert!(err.contains(&format!("\n  {own}\n")), "{err}");
+    assert!(err.ends_with(&format!("\n  {forced}\n")), "{err}");
+    assert!(!err.contains("MNT"), "{err}");
+    // Session A runs the first suggestion as printed (the CLI in A's tree, over the control
+    // socket): A's own files go back, shared.txt stays.
+    let bin_dir = Path::new(BIN).parent().unwrap();
+    as_session(&m, a, &format!("PATH={}:$PATH {own}", bin_dir.display()));
+    assert_eq!(read("a.txt"), "v0\n");
+    assert!(!m.mnt.join("a3.txt").exists());
+    assert_eq!(read("shared.txt"), "v0\nA1\nB2\n");
+    assert_eq!(read("b.txt"), "v0\nB1\nB2\n");
+    // Undone by the user.
+    rewind(&m, "A-1:before-rewind", &[]);
+    assert_eq!(tree_listing(&m.mnt), before);
+
+    // The saved state is a checkpoint of A (who asked for the rewind), so A's prompt 2 now
+    // ends there; the undo's is the user's. The rewinds' own changes are nobody's work.
+    let log = json(&[]);
+    let all = logged_checkpoints(&log);
+    let ids: Vec<(&str, Option<&str>)> = all
+        .iter()
+        .map(|c| (c.id.as_str(), c.session.as_deref()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("A-1", Some(a)),
+            ("B-1", Some(b)),
+            ("A-2", Some(a)),
+            ("B-2", Some(b)),
+            ("u-1", None),
+            ("A-1:before-rewind", Some(a)),
+            ("A-1:before-rewind:before-rewind", None),
+        ],
+        "{log:#}"
+    );
+    let a2_ended = LoggedCheckpoint {
+        session_until: s("A-1:before-rewind"),
+        ..a2
+    };
+    assert_eq!(all[..4], [a1, b1, a2_ended, b2][..], "{log:#}");
+    assert_eq!(all[4].until, s("A-1:before-rewind"));
+
+    // Sessions of checkpoints survive a remount (replay): the same log.
+    m.remount();
+    assert_eq!(json(&[]), log);
+}

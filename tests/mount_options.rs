@@ -359,6 +359,20 @@ fn remount_ro_and_back_rw_through_mount_8() {
     let mut m = TestMount::unmounted(&[]);
     fs::write(m.src.join("f"), "one\n").unwrap();
     m.mount();
+    // An agent session registered while the mount is writable: a shell that takes a
+    // checkpoint with the CLI once told to (over the control socket, the mount being ro).
+    let mut agent = Command::new("sh")
+        .args([
+            "-c",
+            "read _ && exec \"$0\" checkpoint \"$1\" by-agent",
+            BIN,
+        ])
+        .arg(&m.mnt)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    m.ctl(&format!("session agent-ro-1 {}", agent.id()))
+        .unwrap();
     remount(&m.mnt, "ro");
     let e = fs::write(m.mnt.join("f"), "two\n").unwrap_err();
     assert_eq!(errno_of(&e), libc::EROFS, "{e}");
@@ -366,6 +380,25 @@ fn remount_ro_and_back_rw_through_mount_8() {
     let status = cli_ok(&["status", m.mnt.to_str().unwrap()]);
     assert!(status.contains("(read-only now: remounted ro)"), "{status}");
     cli_ok(&["checkpoint", m.mnt.to_str().unwrap(), "c1"]);
+    std::io::Write::write_all(agent.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    assert!(agent.wait().unwrap().success());
+    // The checkpoint over the socket is recorded under the asking process's session.
+    let log: serde_json::Value =
+        serde_json::from_str(&cli_ok(&["log", m.mnt.to_str().unwrap(), "--json"])).unwrap();
+    let sessions: Vec<(&str, &serde_json::Value)> = log["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap(), &c["session"]))
+        .collect();
+    assert_eq!(
+        sessions,
+        [
+            ("c1", &serde_json::Value::Null),
+            ("by-agent", &serde_json::json!("agent-ro-1"))
+        ],
+        "{log:#}"
+    );
     let out = cli(&["rewind", m.mnt.to_str().unwrap(), "c1"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     remount(&m.mnt, "rw");

@@ -273,7 +273,7 @@ fn log_json_lists_checkpoints_changes_and_actors_like_the_text() {
     let mnt = m.mnt.to_str().unwrap().to_string();
     let text = ok(&["log", &mnt]);
     let log = json(&["log", &mnt, "--json"]);
-    assert_eq!(log["schema"], "checkpointfs.log/2");
+    assert_eq!(log["schema"], "checkpointfs.log/3");
     let cps = log["checkpoints"].as_array().unwrap();
     let ids: Vec<&str> = cps.iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["m1", "m2"]);

@@ -1174,9 +1174,10 @@ impl PassthroughFs {
             .collect()
     }
 
-    /// Takes checkpoint `id` (Layer 2): excludes every mutation while the history records
-    /// the consistent state, then lets background copying finish the rest.
-    pub fn checkpoint(&self, id: &str) -> io::Result<()> {
+    /// Takes checkpoint `id` (Layer 2) for agent session `session` (`None`: outside any):
+    /// excludes every mutation while the history records the consistent state, then lets
+    /// background copying finish the rest.
+    pub fn checkpoint(&self, id: &str, session: Option<String>) -> io::Result<()> {
         // Files open for writing are copied first, outside the epoch lock, so that copying a
         // big one does not stall every writer; under the lock only the copies of files
         // written meanwhile are made again (see history::open_files).
@@ -1184,9 +1185,12 @@ impl PassthroughFs {
         self.gate.exclusive(|| {
             let open_for_write = self.paths_open_for_write();
             self.history()
-                .make_checkpoint(id, &open_for_write, pre_copies)
+                .make_checkpoint(id, session.clone(), &open_for_write, pre_copies)
         })?;
-        info!("checkpoint {id}");
+        match &session {
+            Some(s) => info!("checkpoint {id} (session {s})"),
+            None => info!("checkpoint {id}"),
+        }
         Ok(())
     }
 

@@ -422,10 +422,14 @@ impl VirtualTree {
             return Err(errno(libc::EROFS));
         }
         let text = data.strip_suffix(b"\n").unwrap_or(data);
+        // The session the writer belongs to (the Claude Code hook is a descendant of its
+        // agent), looked up once per write, after any registration the write itself makes.
+        let mut session: Option<Option<String>> = None;
         for line in text.split(|&b| b == b'\n') {
             // Ids have no spaces, so `session ID PID` cannot be mistaken for one.
             if let Some(args) = line.strip_prefix(b"session ") {
                 fs.history().register_session(caller, args)?;
+                session = None;
                 continue;
             }
             let id = match validate_id(line) {
@@ -435,7 +439,10 @@ impl VirtualTree {
                     return Err(errno(libc::EINVAL));
                 }
             };
-            fs.checkpoint(id)?;
+            let session = session
+                .get_or_insert_with(|| fs.history().session_of(caller.pid))
+                .clone();
+            fs.checkpoint(id, session)?;
         }
         Ok(data.len() as u32)
     }

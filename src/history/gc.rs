@@ -763,6 +763,7 @@ mod tests {
             .map(|s| Checkpoint {
                 id: format!("c{s}"),
                 time: at(T0 + s),
+                session: None,
             })
             .collect();
         let older = |secs| Retention::OlderThan(Duration::from_secs(secs));

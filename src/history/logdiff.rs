@@ -17,7 +17,7 @@ use super::view::{ViewContent, ViewEntry};
 use crate::transcript::record::{EntryKind, FILE_HISTORY_SNAPSHOT, rfc3339};
 use crate::transcript::replay::read_transcript;
 
-pub const LOG_SCHEMA: &str = "checkpointfs.log/2";
+pub const LOG_SCHEMA: &str = "checkpointfs.log/3";
 pub const DIFF_SCHEMA: &str = "checkpointfs.diff/1";
 
 /// The width git's `--stat` fits its lines into (it uses the terminal's; reports here do
@@ -152,11 +152,19 @@ pub struct LogCheckpoint {
     pub id: String,
     #[serde(flatten)]
     pub time: Timestamp,
-    /// The next checkpoint, where this one's changes end; `None`: this is the latest, and its
-    /// changes run up to the live tree.
+    /// The agent session that took it (its process tree wrote the id); `None`: none known
+    /// (the user, a script, or a record from before sessions were recorded).
+    pub session: Option<String>,
+    /// The next checkpoint of the tree, where the changes of everyone but `session` end;
+    /// `None`: this is the latest, and they run up to the live tree.
     pub until: Option<String>,
+    /// With `session`: that session's next checkpoint, where its own changes listed here
+    /// end; `None`: this is its latest, and they run up to the live tree (without `session`:
+    /// always `None`).
+    pub session_until: Option<String>,
     pub files_changed: usize,
-    /// From this checkpoint to `until` (or to the live tree).
+    /// `session`'s changes from this checkpoint to `session_until`, and everyone else's
+    /// from it to `until` (see `attribute` for who is "everyone else").
     pub changes: Vec<LogChange>,
 }
 
@@ -212,11 +220,12 @@ impl History {
         Ok(out)
     }
 
-    /// Every checkpoint, oldest first, with what changed after it up to the next one (the
-    /// last: up to now) and who changed it; and what changed before the first.
+    /// Every checkpoint, oldest first, with what changed after it and who changed it (see
+    /// [`attribute`]: a session's changes up to its own next checkpoint, everyone else's up
+    /// to the tree's next one; the last: up to now); and what changed before the first.
     pub fn log_report(&self) -> io::Result<LogReport> {
         let checkpoints = self.checkpoints();
-        let actors = self.changers_by_epoch()?;
+        let changers = self.changers_by_epoch()?;
         let index = self.versions_by_checkpoint();
         // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
         // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
@@ -228,18 +237,37 @@ impl History {
                 Point::Now
             }
         };
+        let sessions: Vec<Option<&str>> =
+            checkpoints.iter().map(|c| c.session.as_deref()).collect();
+        let next_own = next_of_same_session(&sessions);
+        let slots = attribute(&sessions, &changers);
         let before_first = if history_dropped {
             Vec::new()
         } else {
-            self.log_changes(Point::Origin, point(0), 0, &actors, &index)?
+            let span = Span {
+                from: Point::Origin,
+                until: point(0),
+                own_until: point(0),
+                epoch: 0,
+            };
+            self.log_changes(&span, &slots[0], &changers, &index)?
         };
         let mut out = Vec::with_capacity(checkpoints.len());
         for (i, c) in checkpoints.iter().enumerate() {
-            let changes = self.log_changes(point(i), point(i + 1), i + 1, &actors, &index)?;
+            let own_next = next_own[i];
+            let span = Span {
+                from: point(i),
+                until: point(i + 1),
+                own_until: own_next.map_or(Point::Now, point),
+                epoch: i + 1,
+            };
+            let changes = self.log_changes(&span, &slots[i + 1], &changers, &index)?;
             out.push(LogCheckpoint {
                 id: c.id.clone(),
                 time: Timestamp::of(c.time),
+                session: c.session.clone(),
                 until: checkpoints.get(i + 1).map(|n| n.id.clone()),
+                session_until: own_next.map(|j| checkpoints[j].id.clone()),
                 files_changed: changes.len(),
                 changes,
             });
@@ -255,16 +283,44 @@ impl History {
         })
     }
 
+    /// The changes listed under one checkpoint (or before the first): the paths `slot`
+    /// attributes to it, and the paths that differ over the tree's span but were changed by
+    /// nobody recorded (a file open for writing across the checkpoint). A path its own
+    /// session changed is compared up to that session's next checkpoint, any other up to
+    /// the tree's next one.
     fn log_changes(
         &self,
-        a: Point,
-        b: Point,
-        epoch: usize,
-        actors: &BTreeMap<(usize, String), Changers>,
+        span: &Span,
+        slot: &BTreeMap<String, Attributed>,
+        changers: &BTreeMap<(usize, String), Changers>,
         index: &super::report::VersionIndex,
     ) -> io::Result<Vec<LogChange>> {
-        let mut out = Vec::new();
-        for (path, (change, before, after)) in self.changes_with(index, a, b)? {
+        let mut picked: BTreeMap<String, (super::report::Change, Option<&Changers>)> =
+            BTreeMap::new();
+        for (path, change) in self.changes_with(index, span.from, span.until)? {
+            let here = slot.get(&path);
+            let recorded = changers.contains_key(&(span.epoch, path.clone()));
+            match here {
+                // Taken below, over the session's own span.
+                Some(h) if h.own => {}
+                Some(h) => {
+                    picked.insert(path, (change, Some(&h.who)));
+                }
+                // Changed only by sessions whose changes are listed under their own
+                // checkpoints.
+                None if recorded => {}
+                None => {
+                    picked.insert(path, (change, None));
+                }
+            }
+        }
+        for (path, h) in slot.iter().filter(|(_, h)| h.own) {
+            if let Some(change) = self.change_of(span.from, span.own_until, path)? {
+                picked.insert(path.clone(), (change, Some(&h.who)));
+            }
+        }
+        let mut out = Vec::with_capacity(picked.len());
+        for (path, ((change, before, after), who)) in picked {
             let side = |e: Option<&ViewEntry>| -> io::Result<Option<EntryFacts>> {
                 let Some(e) = e else { return Ok(None) };
                 // Store objects are named by their hash: only live files, and symlinks (for
@@ -281,14 +337,8 @@ impl History {
             out.push(LogChange {
                 before: side(before.as_ref())?,
                 after: side(after.as_ref())?,
-                actors: actors
-                    .get(&(epoch, path.clone()))
-                    .map(Changers::actors)
-                    .unwrap_or_default(),
-                sessions: actors
-                    .get(&(epoch, path.clone()))
-                    .map(Changers::sessions)
-                    .unwrap_or_default(),
+                actors: who.map(Changers::actors).unwrap_or_default(),
+                sessions: who.map(Changers::sessions).unwrap_or_default(),
                 path: shown(&path),
                 change,
             });
@@ -300,11 +350,22 @@ impl History {
     /// session made.
     pub fn log_output(&self, json: bool, session: Option<&str>) -> io::Result<String> {
         let mut report = self.log_report()?;
+        let whole_tree_has_checkpoints = !report.checkpoints.is_empty();
         if let Some(s) = session {
             report.keep_only_session(s);
         }
         if json {
             to_json(&report)
+        } else if let Some(s) = session
+            && whole_tree_has_checkpoints
+            && report.checkpoints.is_empty()
+            && report.before_first.changes.is_empty()
+        {
+            // Not "no checkpoints yet": the tree has some, none of them the session's.
+            Ok(format!(
+                "session {s}: no checkpoint and no change of it is recorded (a session is \
+                 named by its full id or 8 or more leading characters, as the log shows it)\n"
+            ))
         } else {
             Ok(render_log(&report))
         }
@@ -344,6 +405,89 @@ impl Changers {
     fn sessions(&self) -> Vec<String> {
         self.by_session.keys().flatten().cloned().collect()
     }
+}
+
+/// Where the changes listed under one checkpoint start and end.
+struct Span {
+    from: Point,
+    /// The tree's next checkpoint (or now): the end for everyone but the checkpoint's session.
+    until: Point,
+    /// The end for the checkpoint's own session: its next checkpoint (or now).
+    own_until: Point,
+    /// The transcript epoch right after `from` (see [`History::changers_by_epoch`]).
+    epoch: usize,
+}
+
+/// The changers of one path attributed to one checkpoint.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Attributed {
+    pub who: Changers,
+    /// The checkpoint's own session is among them: the path is compared up to that
+    /// session's next checkpoint.
+    pub own: bool,
+}
+
+/// For each checkpoint (by position), the position of the next one of the same session;
+/// `None` for the latest of its session, and for checkpoints without a session.
+fn next_of_same_session(sessions: &[Option<&str>]) -> Vec<Option<usize>> {
+    let mut next: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut out = vec![None; sessions.len()];
+    for (i, s) in sessions.iter().enumerate().rev() {
+        if let Some(s) = s {
+            out[i] = next.insert(s, i);
+        }
+    }
+    out
+}
+
+/// Which checkpoint each recorded change is listed under, by slot: 0 is before the first
+/// checkpoint, `i + 1` is checkpoint `i` (by position; `sessions[i]` is its session).
+///
+/// With several agent sessions in one tree the checkpoints of all of them form one
+/// sequence, but a prompt of session S lasts from S's checkpoint to S's *next* one, however
+/// many checkpoints other sessions take meanwhile. So a change made by S in epoch `e` (after
+/// checkpoint `e - 1`) goes under S's latest checkpoint at or before `e - 1`. Changes by no
+/// session (the user, a script), by the daemon's rewinds, and by a session that took no
+/// checkpoint before them (not yet, or its checkpoints were recorded before sessions were)
+/// go under the tree's latest checkpoint, `e - 1`, as with one session. With a single
+/// session, or none, this is exactly "each checkpoint lists what changed up to the next".
+pub(crate) fn attribute(
+    sessions: &[Option<&str>],
+    changers: &BTreeMap<(usize, String), Changers>,
+) -> Vec<BTreeMap<String, Attributed>> {
+    let n = sessions.len();
+    let mut slots: Vec<BTreeMap<String, Attributed>> = vec![BTreeMap::new(); n + 1];
+    // session → its latest checkpoint before the epoch being read (the map is sorted by
+    // epoch first); `seen` checkpoints are in it.
+    let mut latest: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut seen = 0;
+    for ((epoch, path), who) in changers {
+        // An epoch past the last kept checkpoint cannot be (every checkpoint record counts
+        // one); clamped rather than trusted.
+        let e = (*epoch).min(n);
+        while seen < e {
+            if let Some(s) = sessions[seen] {
+                latest.insert(s, seen);
+            }
+            seen += 1;
+        }
+        for (s, names) in &who.by_session {
+            let own = s.as_deref().and_then(|s| latest.get(s)).copied();
+            let a = slots[own.map_or(e, |j| j + 1)]
+                .entry(path.clone())
+                .or_default();
+            a.own |= own.is_some();
+            a.who
+                .by_session
+                .entry(s.clone())
+                .or_default()
+                .extend(names.iter().cloned());
+        }
+        if who.rewound {
+            slots[e].entry(path.clone()).or_default().who.rewound = true;
+        }
+    }
+    slots
 }
 
 /// path → the others who also changed it (see [`History::session_changes_since`]).
@@ -420,7 +564,11 @@ pub(crate) fn session_matches(session: &str, id: &str) -> bool {
 }
 
 impl LogReport {
-    /// Drops every change not made (at least in part) by `session`.
+    /// The log of one session: its own checkpoints, each with the changes it made after
+    /// it (up to its next checkpoint), and what it made before its first. A change of the
+    /// session listed under a checkpoint of no session or another one (made before the
+    /// session took any, or recorded before checkpoints carried their session) keeps that
+    /// checkpoint in, so nothing the session did is left out.
     fn keep_only_session(&mut self, session: &str) {
         let keep = |changes: &mut Vec<LogChange>| {
             changes.retain(|c| c.sessions.iter().any(|s| session_matches(session, s)));
@@ -431,6 +579,12 @@ impl LogReport {
             keep(&mut c.changes);
             c.files_changed = c.changes.len();
         }
+        self.checkpoints.retain(|c| {
+            c.session
+                .as_deref()
+                .is_some_and(|s| session_matches(session, s))
+                || !c.changes.is_empty()
+        });
     }
 }
 
@@ -451,12 +605,16 @@ fn render_log(report: &LogReport) -> String {
         out.push_str("no checkpoints yet (write an id to MNT/.checkpoint/ctl, or: checkpointfs checkpoint MNT ID)\n");
     }
     for c in &report.checkpoints {
-        let upto = if c.until.is_none() {
-            "  (up to now)"
-        } else {
-            ""
+        // The session's own changes run to its next checkpoint, the others' to the tree's.
+        let (who, last) = match &c.session {
+            Some(s) => (
+                format!("  session {}", s.get(..8).unwrap_or(s)),
+                c.session_until.is_none(),
+            ),
+            None => (String::new(), c.until.is_none()),
         };
-        let _ = writeln!(out, "{}  {}{upto}", c.id, c.time.time);
+        let upto = if last { "  (up to now)" } else { "" };
+        let _ = writeln!(out, "{}  {}{who}{upto}", c.id, c.time.time);
         render_log_changes(&mut out, &c.changes);
     }
     out
@@ -844,4 +1002,96 @@ fn render_stat(report: &DiffReport) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who(session: Option<&str>, name: &str) -> Changers {
+        let mut c = Changers::default();
+        c.by_session
+            .entry(session.map(str::to_string))
+            .or_default()
+            .insert(name.to_string());
+        c
+    }
+
+    /// One attributed path: (path, its sessions, own).
+    type Shaped<'a> = (&'a str, Vec<Option<&'a str>>, bool);
+
+    /// slot → its attributed paths, for comparison.
+    fn shape(slots: &[BTreeMap<String, Attributed>]) -> Vec<Vec<Shaped<'_>>> {
+        slots
+            .iter()
+            .map(|slot| {
+                slot.iter()
+                    .map(|(p, a)| {
+                        let s = a.who.by_session.keys().map(Option::as_deref).collect();
+                        (p.as_str(), s, a.own)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_session_s_changes_go_under_its_own_latest_checkpoint() {
+        // Checkpoints: A(0), B(1), A(2), user(3).
+        let sessions = [Some("A"), Some("B"), Some("A"), None];
+        assert_eq!(next_of_same_session(&sessions), [Some(2), None, None, None]);
+        let mut changers = BTreeMap::new();
+        // Before any checkpoint, by A: before the first.
+        changers.insert((0, "early".to_string()), who(Some("A"), "sh"));
+        // After B(1): A's under A(0), B's under B(1), the user's under B(1).
+        changers.insert((2, "a".to_string()), who(Some("A"), "sh"));
+        changers.insert((2, "b".to_string()), who(Some("B"), "sed"));
+        changers.insert((2, "u".to_string()), who(None, "vim"));
+        // After user(3): A's under A(2), B's under B(1), a rewind's under user(3); C never
+        // took a checkpoint: under the tree's latest.
+        let mut both = who(Some("A"), "sh");
+        both.by_session
+            .entry(Some("B".to_string()))
+            .or_default()
+            .insert("sh".to_string());
+        both.rewound = true;
+        changers.insert((4, "shared".to_string()), both);
+        changers.insert((4, "c".to_string()), who(Some("C"), "sh"));
+        let slots = attribute(&sessions, &changers);
+        assert_eq!(
+            shape(&slots),
+            vec![
+                vec![("early", vec![Some("A")], false)],
+                vec![("a", vec![Some("A")], true)],
+                vec![
+                    ("b", vec![Some("B")], true),
+                    ("shared", vec![Some("B")], true),
+                    ("u", vec![None], false),
+                ],
+                vec![("shared", vec![Some("A")], true)],
+                vec![("c", vec![Some("C")], false), ("shared", vec![], false)],
+            ]
+        );
+        assert!(slots[4]["shared"].who.rewound);
+        assert!(!slots[3]["shared"].who.rewound);
+    }
+
+    #[test]
+    fn with_checkpoints_of_no_session_everything_goes_under_the_tree_s_latest() {
+        // A transcript from before checkpoints carried their session.
+        let sessions = [None, None];
+        let mut changers = BTreeMap::new();
+        changers.insert((1, "a".to_string()), who(Some("A"), "sh"));
+        changers.insert((2, "a".to_string()), who(Some("A"), "sh"));
+        changers.insert((2, "u".to_string()), who(None, "vim"));
+        let slots = attribute(&sessions, &changers);
+        assert_eq!(
+            shape(&slots),
+            vec![
+                vec![],
+                vec![("a", vec![Some("A")], false)],
+                vec![("a", vec![Some("A")], false), ("u", vec![None], false)],
+            ]
+        );
+    }
 }

@@ -151,6 +151,9 @@ impl PathHistory {
 pub struct Checkpoint {
     pub id: String,
     pub time: SystemTime,
+    /// The agent session that took it (see [`Record::session`](crate::transcript::record::Record::session)),
+    /// if one is known.
+    pub session: Option<String>,
 }
 
 #[derive(Default)]

@@ -115,22 +115,29 @@ impl History {
         };
         let mut out = BTreeMap::new();
         for p in paths {
-            let before = self.entry_at_point(a, &p)?;
-            let after = self.entry_at_point(b, &p)?;
-            let kind = match (&before, &after) {
-                (None, None) => continue,
-                (None, Some(_)) => ChangeKind::Added,
-                (Some(_), None) => ChangeKind::Deleted,
-                (Some(x), Some(y)) => {
-                    if self.same(x, y)? {
-                        continue;
-                    }
-                    ChangeKind::Modified
-                }
-            };
-            out.insert(p, (kind, before, after));
+            if let Some(change) = self.change_of(a, b, &p)? {
+                out.insert(p, change);
+            }
         }
         Ok(out)
+    }
+
+    /// How tracked path `p` differs between `a` and `b`; `None`: it does not.
+    pub(crate) fn change_of(&self, a: Point, b: Point, p: &str) -> io::Result<Option<Change>> {
+        let before = self.entry_at_point(a, p)?;
+        let after = self.entry_at_point(b, p)?;
+        let kind = match (&before, &after) {
+            (None, None) => return Ok(None),
+            (None, Some(_)) => ChangeKind::Added,
+            (Some(_), None) => ChangeKind::Deleted,
+            (Some(x), Some(y)) => {
+                if self.same(x, y)? {
+                    return Ok(None);
+                }
+                ChangeKind::Modified
+            }
+        };
+        Ok(Some((kind, before, after)))
     }
 
     /// Same type, mode and content. Directories compare by mode only.

@@ -232,6 +232,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
         state.checkpoints.push(Checkpoint {
             id: id.clone(),
             time,
+            session: r.session.clone(),
         });
         state.checkpoint_ids.insert(id, k);
         state.clear_dirty();
@@ -632,6 +633,13 @@ impl History {
         }
     }
 
+    /// The agent session process `pid` (a thread id is fine) belongs to, if any: the
+    /// session a checkpoint it asks for is recorded under. Reads /proc: call it with the
+    /// state unlocked.
+    pub fn session_of(&self, pid: u32) -> Option<String> {
+        super::process::of_thread(pid).session
+    }
+
     /// Who `c` is. Reads /proc: call it with the state unlocked.
     fn actor(&self, c: &Caller) -> Actor {
         super::process::actor(c.pid, c.uid)
@@ -781,11 +789,13 @@ impl History {
         Ok((VersionState::Present { meta, object }, wrote))
     }
 
-    /// Layer 2: takes checkpoint `id`. The gate calls this with every mutation excluded and
-    /// the paths of files open for writing.
+    /// Layer 2: takes checkpoint `id` for agent session `session` (`None`: outside any).
+    /// The gate calls this with every mutation excluded and the paths of files open for
+    /// writing.
     pub(crate) fn make_checkpoint(
         &self,
         id: &str,
+        session: Option<String>,
         open_for_write: &[Vec<u8>],
         pre_copies: super::open_files::PreCopies,
     ) -> io::Result<()> {
@@ -822,6 +832,7 @@ impl History {
         st.checkpoints.push(Checkpoint {
             id: id.to_string(),
             time: now,
+            session: session.clone(),
         });
         st.checkpoint_ids.insert(id.to_string(), k);
         st.clear_dirty();
@@ -854,7 +865,8 @@ impl History {
         // previous checkpoint, which replay already has. So a checkpoint costs O(changed),
         // whatever the size of the tree. Journal first (it is what survives a crash), before
         // the marker returns.
-        let record = Record::checkpoint_delta(id, seq, rfc3339(now), delta);
+        let mut record = Record::checkpoint_delta(id, seq, rfc3339(now), delta);
+        record.session = session;
         let rec = self.recorder()?;
         rec.journal.append(&record, false)?;
         rec.transcript.append(record);

@@ -36,6 +36,12 @@ pub struct Record {
     /// the same way (a full map repeats versions already known, which replay skips).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub delta: bool,
+    /// Extra: only in checkpoints, only when known: the agent session whose process tree
+    /// took this checkpoint (the process that wrote the id to ctl, or that asked over the
+    /// control socket, is the registered session root or one of its descendants). Absent in
+    /// records from before the field, and for checkpoints taken outside any session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -192,11 +198,34 @@ impl Record {
             seq,
             gc_base: false,
             delta: false,
+            session: None,
         }
     }
 
     /// True for a checkpoint (Layer 2) record, false for a Layer 1 record.
     pub fn is_checkpoint(&self) -> bool {
         !self.is_snapshot_update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_s_session_is_optional_and_round_trips() {
+        // As written before the field existed: reads as no session.
+        let old = r#"{"type":"file-history-snapshot","messageId":"m1","snapshot":{"messageId":"m1","trackedFileBackups":{},"timestamp":"2026-03-02T10:15:07.000Z"},"isSnapshotUpdate":false,"seq":3,"delta":true}"#;
+        let r: Record = serde_json::from_str(old).unwrap();
+        assert_eq!(r.session, None);
+        assert_eq!(serde_json::to_string(&r).unwrap(), old, "written as before");
+        let mut r = r;
+        r.session = Some("0b5c9e1e-4f4a".to_string());
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(
+            line.ends_with(r#""delta":true,"session":"0b5c9e1e-4f4a"}"#),
+            "{line}"
+        );
+        assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), r);
     }
 }

@@ -615,3 +615,52 @@ pub fn all_paths(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// One checkpoint of a `log --json` document, for exact comparison: its id, session, ends,
+/// and changes as (path, change, sessions).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedCheckpoint {
+    pub id: String,
+    pub session: Option<String>,
+    pub until: Option<String>,
+    pub session_until: Option<String>,
+    pub changes: Vec<(String, String, Vec<String>)>,
+}
+
+/// The checkpoints of a `log --json` document, asserting `files_changed` counts `changes`.
+pub fn logged_checkpoints(log: &serde_json::Value) -> Vec<LoggedCheckpoint> {
+    let text = |v: &serde_json::Value| v.as_str().unwrap().to_string();
+    let opt = |v: &serde_json::Value| v.as_str().map(str::to_string);
+    log["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let changes: Vec<_> = c["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|ch| {
+                    let sessions = ch["sessions"].as_array().unwrap();
+                    (
+                        text(&ch["path"]),
+                        text(&ch["change"]),
+                        sessions.iter().map(text).collect(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                c["files_changed"].as_u64(),
+                Some(changes.len() as u64),
+                "{c}"
+            );
+            LoggedCheckpoint {
+                id: text(&c["id"]),
+                session: opt(&c["session"]),
+                until: opt(&c["until"]),
+                session_until: opt(&c["session_until"]),
+                changes,
+            }
+        })
+        .collect()
+}
