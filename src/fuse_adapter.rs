@@ -337,13 +337,13 @@ impl Filesystem for FuseAdapter {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.fs.flush(ino.0, fh.0) {
+        match self.fs.flush(&caller(req), ino.0, fh.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("flush", e)),
         }

@@ -59,7 +59,8 @@ pub struct Opened {
     pub direct_io: bool,
     pub keep_cache: bool,
     /// The kernel must send FLUSH at close(2): the handle writes a file the exclusion
-    /// rules are read from, and close(2) waits for FLUSH (RELEASE comes asynchronously,
+    /// rules are read from, or is `ctl` (which takes a last line without newline at
+    /// close), and close(2) waits for FLUSH (RELEASE comes asynchronously,
     /// possibly after the caller's next request), so the new rules are in force before
     /// close returns.
     pub flush_on_close: bool,
@@ -106,6 +107,9 @@ pub struct PassthroughFs {
     passthrough_off: std::sync::OnceLock<String>,
     mountpoint: std::path::PathBuf,
     mount_options: crate::mount_options::MountOptions,
+    /// The mount's device number (major, minor), from the kernel's mount table right after
+    /// the mount; a rewind checks its root against it (see `history::rewind`).
+    mount_dev: std::sync::OnceLock<(u32, u32)>,
 }
 
 /// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
@@ -161,12 +165,23 @@ impl PassthroughFs {
             passthrough_off,
             mountpoint: cfg.mountpoint,
             mount_options: cfg.options,
+            mount_dev: std::sync::OnceLock::new(),
         })
     }
 
     /// The mount point and the options the mount was made with.
     pub fn mount_info(&self) -> (&std::path::Path, &crate::mount_options::MountOptions) {
         (&self.mountpoint, &self.mount_options)
+    }
+
+    /// Records the mount's device number, once, right after mounting.
+    pub fn set_mount_dev(&self, dev: (u32, u32)) {
+        let _ = self.mount_dev.set(dev);
+    }
+
+    /// The mount's device number, if the daemon found it when it mounted.
+    pub fn mount_dev(&self) -> Option<(u32, u32)> {
+        self.mount_dev.get().copied()
     }
 
     /// Why kernel passthrough is off, or `None` while it is on.
@@ -769,7 +784,7 @@ impl PassthroughFs {
         kill_suidgid: bool,
     ) -> io::Result<u32> {
         if virt::is_virtual(ino) {
-            return self.virt.write(self, caller, ino, data);
+            return self.virt.write(self, caller, ino, fh, data);
         }
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
@@ -796,12 +811,14 @@ impl PassthroughFs {
         Ok(written as u32)
     }
 
-    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<()> {
-        // Nothing buffered in the daemon; POSIX locks are handled by the kernel. FLUSH comes
-        // with every close(2), which waits for it (RELEASE may come later).
-        if !virt::is_virtual_handle(fh)
-            && let Some(handle) = self.handles.get(fh)
-        {
+    pub fn flush(&self, caller: &Caller, _ino: u64, fh: u64) -> io::Result<()> {
+        // Nothing buffered in the daemon but a `ctl` line without its newline; POSIX locks
+        // are handled by the kernel. FLUSH comes with every close(2), which waits for it
+        // (RELEASE may come later).
+        if virt::is_virtual_handle(fh) {
+            return self.virt.flush(self, caller, fh);
+        }
+        if let Some(handle) = self.handles.get(fh) {
             self.written_file_closed(&handle);
         }
         Ok(())

@@ -28,7 +28,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 
 use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
 use crate::history::{Caller, ViewEntry};
-use crate::ids::validate_id;
+use crate::ids::{CtlError, CtlLine, take_ctl_lines};
 use crate::transcript::record::EntryKind;
 
 pub const VIRTUAL_BIT: u64 = 1 << 63;
@@ -75,7 +75,9 @@ struct Views {
 }
 
 enum VirtualHandle {
-    Ctl,
+    /// `ctl`, open for writing: the unterminated rest of its writes so far (see
+    /// [`crate::ids::take_ctl_lines`]), taken as the last line when the file is closed.
+    Ctl(Mutex<Vec<u8>>),
     StateDir,
     /// A file in a view: the store object or the (unchanged since mount) file in SRC.
     ViewFile(File),
@@ -340,7 +342,9 @@ impl VirtualTree {
     pub fn open(&self, fs: &PassthroughFs, ino: u64, flags: i32) -> io::Result<Opened> {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let handle = match ino {
-            CTL if flags & libc::O_ACCMODE == libc::O_WRONLY => VirtualHandle::Ctl,
+            CTL if flags & libc::O_ACCMODE == libc::O_WRONLY => {
+                VirtualHandle::Ctl(Mutex::default())
+            }
             CTL => return Err(errno(libc::EACCES)),
             STATE_DIR_FILE if !writes => VirtualHandle::StateDir,
             CONTROL_DIR | AT_DIR => return Err(errno(libc::EISDIR)),
@@ -357,12 +361,14 @@ impl VirtualTree {
             }
         };
         let direct_io = !matches!(handle, VirtualHandle::ViewFile(_));
+        // close(2) of `ctl` takes a last line written without its newline.
+        let flush_on_close = matches!(handle, VirtualHandle::Ctl(_));
         Ok(Opened {
             fh: self.insert_handle(handle),
             backing: None,
             direct_io,
             keep_cache: !direct_io,
-            flush_on_close: false,
+            flush_on_close,
         })
     }
 
@@ -397,7 +403,7 @@ impl VirtualTree {
                 out.truncate(filled);
                 Ok(())
             }
-            VirtualHandle::Ctl => Err(errno(libc::EBADF)),
+            VirtualHandle::Ctl(_) => Err(errno(libc::EBADF)),
             VirtualHandle::Listing(_) => Err(errno(libc::EISDIR)),
         }
     }
@@ -412,35 +418,76 @@ impl VirtualTree {
         }
     }
 
-    /// A write to `ctl`: each line is a checkpoint id. The write fails with the first
-    /// refused id's errno (EINVAL for a malformed id, EEXIST for a used one).
+    /// A write to `ctl`: each line is a checkpoint id (or `session ID PID`); a line cut
+    /// across writes is kept until its newline or the close. Taken whole or refused whole:
+    /// EINVAL for a malformed line, EEXIST for an id used already (or twice in the write),
+    /// and then no line of it is applied.
     pub fn write(
         &self,
         fs: &PassthroughFs,
         caller: &Caller,
         ino: u64,
+        fh: u64,
         data: &[u8],
     ) -> io::Result<u32> {
         if ino != CTL {
             return Err(errno(libc::EROFS));
         }
-        let text = data.strip_suffix(b"\n").unwrap_or(data);
-        for line in text.split(|&b| b == b'\n') {
-            // Ids have no spaces, so `session ID PID` cannot be mistaken for one.
-            if let Some(args) = line.strip_prefix(b"session ") {
-                fs.history().register_session(caller, args)?;
-                continue;
-            }
-            let id = match validate_id(line) {
-                Ok(id) => id,
-                Err(e) => {
-                    log::warn!("ctl: refused checkpoint id from {caller}: {e}");
-                    return Err(errno(libc::EINVAL));
-                }
-            };
-            fs.checkpoint(id)?;
-        }
+        self.take_ctl(fs, caller, fh, data, false)?;
         Ok(data.len() as u32)
+    }
+
+    /// Close (FLUSH) of a handle: an unterminated last line written to `ctl` is taken now,
+    /// and its error is close(2)'s.
+    pub fn flush(&self, fs: &PassthroughFs, caller: &Caller, fh: u64) -> io::Result<()> {
+        match &*self.handle(fh)? {
+            VirtualHandle::Ctl(_) => self.take_ctl(fs, caller, fh, b"", true),
+            _ => Ok(()),
+        }
+    }
+
+    fn take_ctl(
+        &self,
+        fs: &PassthroughFs,
+        caller: &Caller,
+        fh: u64,
+        data: &[u8],
+        at_close: bool,
+    ) -> io::Result<()> {
+        let handle = self.handle(fh)?;
+        let VirtualHandle::Ctl(pending) = &*handle else {
+            return Err(errno(libc::EBADF));
+        };
+        // The lines are taken under the handle's lock, and applied after it is released.
+        let lines = {
+            let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
+            let batch = take_ctl_lines(&pending, data, at_close).map_err(|e| {
+                let (why, code) = match e {
+                    CtlError::Invalid(why) => (why, libc::EINVAL),
+                    CtlError::Repeated(id) => (format!("id {id} twice"), libc::EEXIST),
+                };
+                log::warn!("ctl: refused a write from {caller} (nothing taken): {why}");
+                errno(code)
+            })?;
+            let history = fs.history();
+            if let Some(CtlLine::Checkpoint(id)) = batch.lines.iter().find(
+                |l| matches!(l, CtlLine::Checkpoint(id) if history.checkpoint_index(id).is_some()),
+            ) {
+                log::warn!("ctl: refused a write from {caller} (nothing taken): {id} exists");
+                return Err(errno(libc::EEXIST));
+            }
+            *pending = batch.rest;
+            batch.lines
+        };
+        for line in lines {
+            match line {
+                CtlLine::Session { id, pid } => {
+                    fs.history().register_session(caller, &id, pid)?;
+                }
+                CtlLine::Checkpoint(id) => fs.checkpoint(&id)?,
+            }
+        }
+        Ok(())
     }
 
     pub fn opendir(&self, fs: &PassthroughFs, ino: u64) -> io::Result<u64> {
