@@ -774,6 +774,7 @@ impl PassthroughFs {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         caller: &Caller,
@@ -782,9 +783,12 @@ impl PassthroughFs {
         offset: u64,
         data: &[u8],
         kill_suidgid: bool,
+        lock_owner: Option<u64>,
     ) -> io::Result<u32> {
         if virt::is_virtual(ino) {
-            return self.virt.write(self, caller, ino, fh, data);
+            return self
+                .virt
+                .write(self, caller, ino, fh, offset, data, lock_owner);
         }
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
@@ -811,12 +815,12 @@ impl PassthroughFs {
         Ok(written as u32)
     }
 
-    pub fn flush(&self, caller: &Caller, _ino: u64, fh: u64) -> io::Result<()> {
+    pub fn flush(&self, _ino: u64, fh: u64, lock_owner: u64) -> io::Result<()> {
         // Nothing buffered in the daemon but a `ctl` line without its newline; POSIX locks
         // are handled by the kernel. FLUSH comes with every close(2), which waits for it
         // (RELEASE may come later).
         if virt::is_virtual_handle(fh) {
-            return self.virt.flush(self, caller, fh);
+            return self.virt.flush(self, fh, lock_owner);
         }
         if let Some(handle) = self.handles.get(fh) {
             self.written_file_closed(&handle);
@@ -850,7 +854,7 @@ impl PassthroughFs {
 
     pub fn release(&self, fh: u64) {
         if virt::is_virtual_handle(fh) {
-            self.virt.release(fh);
+            self.virt.release(self, fh);
             return;
         }
         if let Some(handle) = self.handles.remove(fh) {
