@@ -418,7 +418,7 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
 }
 
 pub(crate) use track::open_source;
-pub use track::{open_history, open_history_readonly};
+pub use track::{open_history, open_history_readonly, replay_for_fuzzing};
 
 #[cfg(test)]
 mod tests {

@@ -97,6 +97,37 @@ pub(crate) fn impossible(
     None
 }
 
+/// Replays `records` as a mount does (refusing an impossible history with replay's
+/// message), then looks every path up at every checkpoint as views and rewinds do; returns
+/// the number of lookups. For the fuzz harness (tests/fuzz.rs): a panic here is a bug.
+#[doc(hidden)]
+pub fn replay_for_fuzzing(
+    records: &[Record],
+    has_object: &mut dyn FnMut(&str) -> bool,
+) -> Result<usize, String> {
+    let mut state = State::default();
+    for r in records {
+        if let Some(why) = impossible(&state, r, has_object) {
+            return Err(why);
+        }
+        apply_record(&mut state, r);
+    }
+    let mut lookups = 0;
+    for (path, h) in &state.paths {
+        for k in 0..=state.checkpoints.len() {
+            let n = h.version_at(k);
+            // The invariant replay's checks keep: every tracked path has its version at k.
+            assert!(
+                (1..=h.versions.len()).contains(&n),
+                "{path:?} at checkpoint {k}: version {n} of {}",
+                h.versions.len()
+            );
+            lookups += 1;
+        }
+    }
+    Ok(lookups)
+}
+
 /// Replays the transcript, then the journal records past its end, refusing an impossible
 /// history (see [`impossible`]) with a clear error. Reads only.
 fn load(state_dir: &std::path::Path, store: &Store) -> io::Result<Loaded> {
