@@ -12,24 +12,31 @@ Runs, stopping at the first failure with a clear message:
   3. cargo build --release
   4. cargo test --release -- --test-threads=2   (integration tests mount real FUSE
      file systems; must not leave mounts or daemons behind)
-  5. scripts/posix-suites.sh                    (pjdfstest vs ext4 baseline + fsx,
+  5. cargo test --release --test fuzz           (bounded fuzzing, CHECKPOINTFS_FUZZ_SECS
+                                                 per target, 20 here: transcript parser
+                                                 and replay, store journal, control
+                                                 requests, ctl lines; corpus in
+                                                 tests/fuzz-corpus/, failing inputs saved
+                                                 in target/fuzz-crashes/)
+  6. scripts/posix-suites.sh                    (pjdfstest vs ext4 baseline + fsx,
                                                  default kernel-passthrough mode)
-  6. scripts/posix-suites.sh --no-passthrough   (same, FUSE read/write mode)
-  7. scripts/posix-suites.sh --only xfstests    (xfstests generic/quick through
+  7. scripts/posix-suites.sh --no-passthrough   (same, FUSE read/write mode)
+  8. scripts/posix-suites.sh --only xfstests    (xfstests generic/quick through
                                                  checkpointfs vs ext4 loop images,
                                                  default mode; only with
                                                  CPFS_XFSTESTS=1 for now, see
                                                  docs/posix-compliance.md)
 
 Options:
-  --quick     skip the POSIX suites (steps 5 to 7)
+  --quick     skip the POSIX suites (steps 6 to 8)
   -h, --help  this text
 
 Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's
 scratch dir (/var/tmp/cpt.XXXXXX, also used as TMPDIR for cargo test) is unmounted on
 every exit path, and no checkpointfs daemon is left running.
-Environment: CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
-per mode, default 2400), XFSTESTS_STEP_TIMEOUT (seconds for step 7, default 3600;
+Environment: CHECKPOINTFS_FUZZ_SECS (seconds per fuzz target in step 5, default 20),
+CHECKPOINTFS_FUZZ_SEED (the fuzz PRNG seed, default fixed), CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
+per mode, default 2400), XFSTESTS_STEP_TIMEOUT (seconds for step 8, default 3600;
 XFSTESTS_TIMEOUT, default 1500, bounds each file system's ./check), CHECKPOINTFS_BIN (run the POSIX suites against this binary
 instead of the one just built — for testing the harness); the knobs of
 scripts/posix-suites.sh pass through. Logs: target/test-logs/.
@@ -200,6 +207,10 @@ if [[ -n ${CHECKPOINTFS_BIN:-} ]]; then   # harness testing only: suites use ano
 fi
 [[ -x $BIN ]] || { CURRENT_STEP="cargo build"; FAIL_HINT="no binary at $BIN"; exit 1; }
 step "cargo test" "see the failing tests above; log $LOGDIR/cargo-test.log" cargo_test
+# Step 4 ran each fuzz target for its default 2 s; this is the CI budget (4 x 20 s).
+step "fuzz" "a fuzz target panicked or gave an unclear error: the input is in target/fuzz-crashes/, replay it with the seed printed above" \
+    env CHECKPOINTFS_FUZZ_SECS="${CHECKPOINTFS_FUZZ_SECS:-20}" TMPDIR="$TEST_ROOT/tmp" \
+    cargo test --release --test fuzz -- --test-threads=1
 
 P_PASS=0 P_TOL=0 P_SKIP=0 FSX_OK=0 X_PASS=0 X_FAIL=0 X_NR=0
 if [[ $QUICK == 0 ]]; then

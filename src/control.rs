@@ -11,7 +11,7 @@
 //! so a gc never deletes an object a rewind is about to restore nor compacts the transcript
 //! under a log reading it. Checkpoint and flush do not take it.
 //! Lock order: maintenance → the gate's epoch lock → `History::state` (see `history`).
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -256,14 +256,80 @@ pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<Cont
 /// How often progress lines are sent at most.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The longest request the daemon reads, newline included. The largest real one is a
+/// rewind's path list; anything longer is refused (with a reply) unread.
+pub const MAX_REQUEST: usize = 16 << 20;
+
+/// How long a client may take to send its request; one that sends nothing (or no newline)
+/// gets an error reply after this, and its thread ends.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a request line is refused, as the reply's `error`. `line` is what was read,
+/// `terminated` whether it ended with the newline (a request without one was cut short).
+pub fn parse_request(line: &[u8], terminated: bool) -> Result<Request, String> {
+    let text = std::str::from_utf8(line).map_err(|e| {
+        format!(
+            "bad control request: not valid UTF-8 (byte {} of {}); send one JSON object \
+             per line",
+            e.valid_up_to(),
+            line.len()
+        )
+    })?;
+    serde_json::from_str::<Request>(text).map_err(|e| {
+        if terminated || !e.is_eof() {
+            format!("bad control request: {e}")
+        } else {
+            format!(
+                "bad control request: truncated after {} bytes, with no newline: {e}",
+                line.len()
+            )
+        }
+    })
+}
+
+/// Reads the request line: at most [`MAX_REQUEST`] bytes, within [`REQUEST_TIMEOUT`].
+/// `Err` is the reply's error text.
+fn read_request(stream: &UnixStream) -> Result<Request, String> {
+    let mut line = Vec::new();
+    let read = stream
+        .set_read_timeout(Some(REQUEST_TIMEOUT))
+        .and_then(|()| {
+            BufReader::new(stream)
+                .take(MAX_REQUEST as u64)
+                .read_until(b'\n', &mut line)
+        });
+    match read {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(format!(
+                "bad control request: no complete request within {} s",
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        }
+        Err(e) => Err(format!("bad control request: reading it failed: {e}")),
+        Ok(_) if line.last() == Some(&b'\n') => {
+            line.pop();
+            parse_request(&line, true)
+        }
+        Ok(n) if n >= MAX_REQUEST => Err(format!(
+            "bad control request: longer than {MAX_REQUEST} bytes, refused unread"
+        )),
+        Ok(_) => parse_request(&line, false),
+    }
+}
+
+/// Serves one connection: every request gets exactly one final reply, an error when it is
+/// malformed or when its handler panicked (the daemon goes on serving either way).
 fn serve_connection(
     fs: &PassthroughFs,
     maintenance: &RwLock<()>,
     stream: UnixStream,
 ) -> io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
+    let request = read_request(&stream);
     let mut last_sent: Option<Instant> = None;
     // A client that went away only loses its progress lines; the work goes on.
     let mut send_progress = |text: String, last: bool| {
@@ -280,7 +346,7 @@ fn serve_connection(
             let _ = (&stream).write_all(&out);
         }
     };
-    let response = match serde_json::from_str::<Request>(&line) {
+    let response = match request {
         Ok(req) => {
             // A checkpoint (also a rewind's `ID:before-rewind`) is recorded under the agent
             // session of the process that asked, when it belongs to one (an agent running
@@ -293,7 +359,7 @@ fn serve_connection(
                     .and_then(|pid| fs.history().session_of(pid)),
                 _ => None,
             };
-            match req {
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match req {
                 Request::Checkpoint { .. } | Request::Flush => {
                     handle(fs, req, session, &mut send_progress)
                 }
@@ -305,14 +371,29 @@ fn serve_connection(
                     let _shared = maintenance.read().unwrap_or_else(|p| p.into_inner());
                     handle(fs, req, session, &mut send_progress)
                 }
+            }));
+            served.unwrap_or_else(|_| {
+                warn!("control: a request's handler panicked; answered with an error");
+                Response {
+                    ok: false,
+                    error: "internal error: the daemon's handler of this request panicked \
+                            (see STATE/daemon.log); the mount goes on serving"
+                        .to_string(),
+                    protocol: PROTOCOL,
+                    ..Default::default()
+                }
+            })
+        }
+        Err(error) => {
+            debug!("control: {error}");
+            Response {
+                ok: false,
+                error,
+                errno: Some(libc::EINVAL),
+                protocol: PROTOCOL,
+                ..Default::default()
             }
         }
-        Err(e) => Response {
-            ok: false,
-            error: format!("bad control request: {e}"),
-            protocol: PROTOCOL,
-            ..Default::default()
-        },
     };
     let mut out = serde_json::to_vec(&response)?;
     out.push(b'\n');

@@ -164,6 +164,18 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     } else {
         crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other, &cfg.options)?
     };
+    // The device number the kernel gave this mount, read before any request is served:
+    // a rewind checks its root against it, never against a path alone.
+    match std::fs::read("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| crate::watchdog::mount_dev(&info, &cfg.mountpoint))
+    {
+        Some(dev) => fs.set_mount_dev(dev),
+        None => warn!(
+            "{} is not in /proc/self/mountinfo after mounting: rewinds will be refused",
+            cfg.mountpoint.display()
+        ),
+    }
     let session = Session::from_fd(adapter, dev, acl, options)?;
     let _ = notifier_slot.set(session.notifier());
     info!(

@@ -362,13 +362,14 @@ impl Filesystem for FuseAdapter {
         data: &[u8],
         write_flags: WriteFlags,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let owner = lock_owner.map(|o| o.0);
         match self
             .fs
-            .write(&caller(req), ino.0, fh.0, offset, data, kill_suidgid)
+            .write(&caller(req), ino.0, fh.0, offset, data, kill_suidgid, owner)
         {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(fail("write", e)),
@@ -380,10 +381,10 @@ impl Filesystem for FuseAdapter {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.fs.flush(ino.0, fh.0) {
+        match self.fs.flush(ino.0, fh.0, lock_owner.0) {
             Ok(stale_attrs) => {
                 if stale_attrs {
                     self.invalidate_attrs(ino);

@@ -433,10 +433,11 @@ pub fn rewind(
         }
         return Ok(out);
     }
+    // Verified before anything changes, the `:before-rewind` checkpoint included.
+    let root = open_mount_root(fs)?;
     let saved = history.unused_rewind_id(id);
     fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
-    let root = open_mount_root(history)?;
     apply(history, &root, &steps, progress)?;
     history.flush()?;
     info!("rewound to {id}: {} changes", steps.len());
@@ -448,17 +449,28 @@ pub fn rewind(
     Ok(out)
 }
 
-fn open_mount_root(history: &History) -> io::Result<OwnedFd> {
-    let mnt = std::fs::read_to_string(history.state_dir().join("mountpoint"))
-        .map(|s| s.trim_end_matches('\n').to_string())
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot read the mount point from the state dir: {e}"),
-            )
-        })?;
-    let c = CString::new(mnt).map_err(|_| errno(libc::EINVAL))?;
-    // SAFETY: valid C string; fd owned below.
+/// `statfs.f_type` of every FUSE mount.
+pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Opens the root of this daemon's own mount, verified from the kernel: a FUSE file system
+/// (`fstatfs`), with the device number the daemon recorded when it mounted, and the root of
+/// that mount (`statx` STATX_ATTR_MOUNT_ROOT). The path is the daemon's own mount point,
+/// never a state file; it is only a hint, since a user who owns a parent of it can move the
+/// mount away and put a directory or symlink in its place: then this refuses, before the
+/// rewind has changed anything.
+fn open_mount_root(fs: &PassthroughFs) -> io::Result<OwnedFd> {
+    let mnt = fs.mount_info().0;
+    let refuse = |why: String| {
+        io::Error::other(format!(
+            "cannot rewind: {} is not this mount's root any more ({why}); was the mount \
+             point or one of its parent directories moved or replaced? Nothing was changed. \
+             Unmount (checkpointfs umount), then mount again where it should be",
+            mnt.display()
+        ))
+    };
+    let c = CString::new(mnt.as_os_str().as_encoded_bytes())
+        .map_err(|_| refuse("its path contains a NUL byte".into()))?;
+    // SAFETY: valid C string; the fd is owned below.
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
@@ -466,10 +478,67 @@ fn open_mount_root(history: &History) -> io::Result<OwnedFd> {
         )
     };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(refuse(format!(
+            "opening it failed: {}",
+            io::Error::last_os_error()
+        )));
     }
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // SAFETY: fresh fd, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let Some(expected) = fs.mount_dev() else {
+        return Err(refuse(
+            "the daemon did not find its mount's device number when it mounted".into(),
+        ));
+    };
+    verify_mount_root(fd.as_fd(), expected).map_err(refuse)?;
+    Ok(fd)
+}
+
+/// Why `fd` is not the root of the FUSE mount with device `(major, minor)`, if it is not.
+pub fn verify_mount_root(
+    fd: std::os::fd::BorrowedFd<'_>,
+    expected: (u32, u32),
+) -> Result<(), String> {
+    // SAFETY: `statfs` is plain old data, for which all-zero bytes are a valid value.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `sfs` a live, writable statfs buffer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
+        return Err(format!("fstatfs failed: {}", io::Error::last_os_error()));
+    }
+    if sfs.f_type as i64 != FUSE_SUPER_MAGIC {
+        return Err(format!(
+            "it is not a FUSE mount: file system type {:#x}, not {FUSE_SUPER_MAGIC:#x}",
+            sfs.f_type
+        ));
+    }
+    // SAFETY: `statx` is plain old data, for which all-zero bytes are a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open, the path an empty C string and `stx` a live, writable buffer;
+    // AT_EMPTY_PATH makes it describe the fd's own inode.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_BASIC_STATS,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("statx failed: {}", io::Error::last_os_error()));
+    }
+    let dev = (stx.stx_dev_major, stx.stx_dev_minor);
+    if dev != expected {
+        return Err(format!(
+            "it is another FUSE mount: device {}:{}, this mount's is {}:{}",
+            dev.0, dev.1, expected.0, expected.1
+        ));
+    }
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root == 0 {
+        return Err("it is a directory inside this mount, not its root".into());
+    }
+    Ok(())
 }
 
 fn open_in(root: &OwnedFd, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
@@ -759,5 +828,13 @@ mod tests {
             "checkpointfs rewind '/tmp/my project' m1 --session aaaaaaaa --force \
              --rewind-agent-state -- 'a b.txt' c"
         );
+    }
+
+    #[test]
+    fn a_plain_directory_is_not_a_mount_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = File::open(dir.path()).unwrap();
+        let why = verify_mount_root(fd.as_fd(), (0, 1)).unwrap_err();
+        assert!(why.starts_with("it is not a FUSE mount"), "{why}");
     }
 }

@@ -6,7 +6,7 @@
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
@@ -491,7 +491,21 @@ pub fn name_bytes(name: &OsStr) -> &[u8] {
 /// Opens `rel` (a `/`-separated path, "" for `dir` itself) beneath `dir` with
 /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`: no symlink is followed, not even the last
 /// component (O_NOFOLLOW), so the result is always inside the tree `dir` roots.
+/// A path of more than this many bytes is opened in pieces: the kernel refuses one of
+/// PATH_MAX (4096, NUL included) or more with ENAMETOOLONG, though a tree may go deeper.
+const PATH_PIECE: usize = 4000;
+
 pub fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    if rel.len() > PATH_PIECE
+        && let Some(cut) = rel.as_bytes()[..PATH_PIECE]
+            .iter()
+            .rposition(|&b| b == b'/')
+            .filter(|&cut| cut > 0)
+    {
+        // Each piece beneath the directory the one before opened, so beneath `dir` too.
+        let head = open_beneath(dir, &rel[..cut], libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        return open_beneath(head.as_fd(), &rel[cut + 1..], flags, mode);
+    }
     let path = if rel.is_empty() { "." } else { rel };
     let c = std::ffi::CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: open_how is plain data; all-zero is its documented default.
@@ -737,4 +751,37 @@ pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
     check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
     // SAFETY: as above.
     check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_longer_than_path_max_opens_in_pieces_beneath_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::File::open(dir.path()).unwrap();
+        let name = "d".repeat(200);
+        let mut rel = String::new();
+        let mut parent = OwnedFd::from(root.try_clone().unwrap());
+        for _ in 0..30 {
+            let c = std::ffi::CString::new(name.as_str()).unwrap();
+            // SAFETY: valid fd and C string.
+            cvt(unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o700) }).unwrap();
+            parent =
+                open_beneath(parent.as_fd(), &name, libc::O_PATH | libc::O_DIRECTORY, 0).unwrap();
+            rel = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+        }
+        assert!(rel.len() > 6000);
+        let fd = open_beneath(root.as_fd(), &rel, libc::O_PATH | libc::O_DIRECTORY, 0).unwrap();
+        let (a, b) = (fstat(fd.as_fd()).unwrap(), fstat(parent.as_fd()).unwrap());
+        assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+        // Still beneath the root in every piece: `..` out of a piece is refused.
+        let up = format!("{rel}/{}", vec![".."; 31].join("/"));
+        assert!(open_beneath(root.as_fd(), &up, libc::O_PATH, 0).is_err());
+    }
 }

@@ -58,10 +58,11 @@ pub struct Opened {
     pub direct_io: bool,
     pub keep_cache: bool,
     /// The kernel must send FLUSH at close(2), which waits for it (RELEASE comes
-    /// asynchronously, possibly after the caller's next request). Two reasons: the handle
+    /// asynchronously, possibly after the caller's next request). Three reasons: the handle
     /// writes a file the exclusion rules are read from, so the new rules are in force
-    /// before close returns; or it writes through kernel passthrough, so the kernel's
-    /// cached attributes can be dropped before close returns (see [`PassthroughFs::flush`]).
+    /// before close returns; it is `ctl`, which takes a last line without newline at close;
+    /// or it writes through kernel passthrough, so the kernel's cached attributes can be
+    /// dropped before close returns (see [`PassthroughFs::flush`]).
     pub flush_on_close: bool,
 }
 
@@ -107,6 +108,9 @@ pub struct PassthroughFs {
     mountpoint: std::path::PathBuf,
     mount_options: crate::mount_options::MountOptions,
     owner: Option<crate::sys::UserIds>,
+    /// The mount's device number (major, minor), from the kernel's mount table right after
+    /// the mount; a rewind checks its root against it (see `history::rewind`).
+    mount_dev: std::sync::OnceLock<(u32, u32)>,
 }
 
 /// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
@@ -159,6 +163,7 @@ impl PassthroughFs {
             mountpoint: cfg.mountpoint,
             mount_options: cfg.options,
             owner: cfg.owner,
+            mount_dev: std::sync::OnceLock::new(),
         })
     }
 
@@ -170,6 +175,16 @@ impl PassthroughFs {
     /// The normal user this root daemon mounts for (`--owner`), if any.
     pub fn owner(&self) -> Option<crate::sys::UserIds> {
         self.owner
+    }
+
+    /// Records the mount's device number, once, right after mounting.
+    pub fn set_mount_dev(&self, dev: (u32, u32)) {
+        let _ = self.mount_dev.set(dev);
+    }
+
+    /// The mount's device number, if the daemon found it when it mounted.
+    pub fn mount_dev(&self) -> Option<(u32, u32)> {
+        self.mount_dev.get().copied()
     }
 
     /// Why kernel passthrough is off, or `None` while it is on.
@@ -771,6 +786,7 @@ impl PassthroughFs {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         caller: &Caller,
@@ -779,9 +795,12 @@ impl PassthroughFs {
         offset: u64,
         data: &[u8],
         kill_suidgid: bool,
+        lock_owner: Option<u64>,
     ) -> io::Result<u32> {
         if virt::is_virtual(ino) {
-            return self.virt.write(self, caller, ino, data);
+            return self
+                .virt
+                .write(self, caller, ino, fh, offset, data, lock_owner);
         }
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
@@ -808,17 +827,19 @@ impl PassthroughFs {
         Ok(written as u32)
     }
 
-    /// FLUSH, at every close(2) of a handle opened with `flush_on_close`. Returns whether
-    /// the kernel's cached attributes of the inode must be dropped (the adapter tells the
-    /// kernel before replying): the handle wrote through kernel passthrough, where a write
+    /// FLUSH, at every close(2) of a handle opened with `flush_on_close`; close(2) waits for
+    /// it (RELEASE may come later). For `ctl`, takes a last line without its newline. Returns
+    /// whether the kernel's cached attributes of the inode must be dropped (the adapter tells
+    /// the kernel before replying): the handle wrote through kernel passthrough, where a write
     /// through a shared mapping goes to SRC's page cache without the FUSE inode hearing of
     /// it, so the mtime/ctime SRC's filesystem set at the page fault would otherwise stay
     /// hidden behind the day-long attribute timeout (xfstests generic/080, 215). write(2)
     /// through passthrough needs none of this: the kernel invalidates them itself.
-    pub fn flush(&self, _ino: u64, fh: u64) -> io::Result<bool> {
-        // Nothing buffered in the daemon; POSIX locks are handled by the kernel.
+    pub fn flush(&self, _ino: u64, fh: u64, lock_owner: u64) -> io::Result<bool> {
+        // Nothing buffered in the daemon but a `ctl` line without its newline; POSIX locks
+        // are handled by the kernel.
         if virt::is_virtual_handle(fh) {
-            return Ok(false);
+            return self.virt.flush(self, fh, lock_owner).map(|()| false);
         }
         let Some(handle) = self.handles.get(fh) else {
             return Ok(false);
@@ -853,7 +874,7 @@ impl PassthroughFs {
 
     pub fn release(&self, fh: u64) {
         if virt::is_virtual_handle(fh) {
-            self.virt.release(fh);
+            self.virt.release(self, fh);
             return;
         }
         if let Some(handle) = self.handles.remove(fh) {

@@ -28,7 +28,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 
 use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
 use crate::history::{Caller, ViewEntry};
-use crate::ids::validate_id;
+use crate::ids::{CtlError, CtlLine, take_ctl_lines};
 use crate::sys::errno;
 use crate::transcript::record::EntryKind;
 
@@ -72,13 +72,33 @@ struct Views {
 }
 
 enum VirtualHandle {
-    Ctl,
+    /// `ctl`, open for writing.
+    Ctl(Mutex<CtlState>),
     StateDir,
     /// A file in a view: the store object or the (unchanged since mount) file in SRC.
     ViewFile(File),
     /// A snapshot of a directory listing, taken at opendir: (name, kind, ino-or-0).
     Listing(Vec<(Vec<u8>, FileType)>),
 }
+
+/// What an open `ctl` holds between writes.
+#[derive(Default)]
+struct CtlState {
+    /// The unterminated rest of the data taken so far (see [`crate::ids::take_ctl_lines`]),
+    /// taken as the last line when the file is closed.
+    pending: Vec<u8>,
+    /// The offset up to which data was taken.
+    next: u64,
+    /// Requests that came before the one at `next`, by offset.
+    ahead: std::collections::BTreeMap<u64, Vec<u8>>,
+    /// Who left `pending` (or `ahead`) non-empty: the FUSE lock owner of its file table
+    /// (`u64::MAX` when the kernel sent none), and the caller.
+    writer: Option<(u64, Caller)>,
+}
+
+/// The most data an open `ctl` keeps waiting for an earlier request of the same write
+/// (a write(2) is cut into FUSE requests of at most `fuse_adapter::MAX_WRITE`).
+const MAX_CTL_AHEAD: usize = 64 << 20;
 
 pub struct VirtualTree {
     state_dir: PathBuf,
@@ -327,17 +347,35 @@ impl VirtualTree {
             .ok_or_else(|| errno(libc::EBADF))
     }
 
-    pub fn release(&self, fh: u64) {
-        self.handles
+    /// The last close of a handle: what a `ctl` still holds (a last line without newline
+    /// that no FLUSH of its writer took) is taken now; nobody waits for the answer, so a
+    /// refusal is only logged.
+    pub fn release(&self, fs: &PassthroughFs, fh: u64) {
+        let handle = self
+            .handles
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&fh);
+        if let Some(handle) = handle
+            && let VirtualHandle::Ctl(state) = &*handle
+        {
+            let writer = state.lock().unwrap_or_else(|p| p.into_inner()).writer;
+            if let Some((_, caller)) = writer
+                && let Err(e) = take_ctl(fs, &caller, state, 0, b"", true)
+            {
+                log::warn!(
+                    "ctl: the last line {caller} wrote without a newline was refused at close: {e}"
+                );
+            }
+        }
     }
 
     pub fn open(&self, fs: &PassthroughFs, ino: u64, flags: i32) -> io::Result<Opened> {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let handle = match ino {
-            CTL if flags & libc::O_ACCMODE == libc::O_WRONLY => VirtualHandle::Ctl,
+            CTL if flags & libc::O_ACCMODE == libc::O_WRONLY => {
+                VirtualHandle::Ctl(Mutex::default())
+            }
             CTL => return Err(errno(libc::EACCES)),
             STATE_DIR_FILE if !writes => VirtualHandle::StateDir,
             CONTROL_DIR | AT_DIR => return Err(errno(libc::EISDIR)),
@@ -354,12 +392,14 @@ impl VirtualTree {
             }
         };
         let direct_io = !matches!(handle, VirtualHandle::ViewFile(_));
+        // close(2) of `ctl` takes a last line written without its newline.
+        let flush_on_close = matches!(handle, VirtualHandle::Ctl(_));
         Ok(Opened {
             fh: self.insert_handle(handle),
             backing: None,
             direct_io,
             keep_cache: !direct_io,
-            flush_on_close: false,
+            flush_on_close,
         })
     }
 
@@ -394,7 +434,7 @@ impl VirtualTree {
                 out.truncate(filled);
                 Ok(())
             }
-            VirtualHandle::Ctl => Err(errno(libc::EBADF)),
+            VirtualHandle::Ctl(_) => Err(errno(libc::EBADF)),
             VirtualHandle::Listing(_) => Err(errno(libc::EISDIR)),
         }
     }
@@ -409,42 +449,53 @@ impl VirtualTree {
         }
     }
 
-    /// A write to `ctl`: each line is a checkpoint id. The write fails with the first
-    /// refused id's errno (EINVAL for a malformed id, EEXIST for a used one).
+    /// A write to `ctl`: each line is a checkpoint id (or `session ID PID`); a line cut
+    /// across writes is kept until its newline or the close. Taken whole or refused whole:
+    /// EINVAL for a malformed line, EEXIST for an id used already (or twice in the write),
+    /// and then no line of it is applied. `lock_owner` identifies the writer's file table.
+    #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         fs: &PassthroughFs,
         caller: &Caller,
         ino: u64,
+        fh: u64,
+        offset: u64,
         data: &[u8],
+        lock_owner: Option<u64>,
     ) -> io::Result<u32> {
         if ino != CTL {
             return Err(errno(libc::EROFS));
         }
-        let text = data.strip_suffix(b"\n").unwrap_or(data);
-        // The session the writer belongs to (the Claude Code hook is a descendant of its
-        // agent), looked up once per write, after any registration the write itself makes.
-        let mut session: Option<Option<String>> = None;
-        for line in text.split(|&b| b == b'\n') {
-            // Ids have no spaces, so `session ID PID` cannot be mistaken for one.
-            if let Some(args) = line.strip_prefix(b"session ") {
-                fs.history().register_session(caller, args)?;
-                session = None;
-                continue;
-            }
-            let id = match validate_id(line) {
-                Ok(id) => id,
-                Err(e) => {
-                    log::warn!("ctl: refused checkpoint id from {caller}: {e}");
-                    return Err(errno(libc::EINVAL));
-                }
-            };
-            let session = session
-                .get_or_insert_with(|| fs.history().session_of(caller.pid))
-                .clone();
-            fs.checkpoint(id, session)?;
+        let handle = self.handle(fh)?;
+        let VirtualHandle::Ctl(state) = &*handle else {
+            return Err(errno(libc::EBADF));
+        };
+        take_ctl(fs, caller, state, offset, data, false)?;
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.pending.is_empty() || !st.ahead.is_empty() {
+            // Without a lock owner, no FLUSH matches: the rest is taken at the last close.
+            st.writer = Some((lock_owner.unwrap_or(u64::MAX), *caller));
         }
         Ok(data.len() as u32)
+    }
+
+    /// FLUSH, at every close(2) of a descriptor of the handle: when it comes from the file
+    /// table that wrote a `ctl` line without newline, that line is taken now and its error
+    /// is close(2)'s. A FLUSH from elsewhere (a forked child closing its inherited copy
+    /// while the writer goes on writing) takes nothing.
+    pub fn flush(&self, fs: &PassthroughFs, fh: u64, lock_owner: u64) -> io::Result<()> {
+        let handle = self.handle(fh)?;
+        let VirtualHandle::Ctl(state) = &*handle else {
+            return Ok(());
+        };
+        let writer = state.lock().unwrap_or_else(|p| p.into_inner()).writer;
+        match writer {
+            Some((owner, caller)) if owner == lock_owner => {
+                take_ctl(fs, &caller, state, 0, b"", true)
+            }
+            _ => Ok(()),
+        }
     }
 
     pub fn opendir(&self, fs: &PassthroughFs, ino: u64) -> io::Result<u64> {
@@ -585,6 +636,99 @@ impl VirtualTree {
         }
         Ok(())
     }
+}
+
+/// Takes what a write at `offset` (or, with `at_close`, the close) completes. One
+/// write(2) larger than a FUSE request comes as several requests, which may be served
+/// concurrently and out of order: data is taken in offset order, a request ahead of
+/// the next expected offset waits in the handle. A write at an earlier offset (O_APPEND,
+/// where every offset is 0, or a pwrite) is taken as the next data.
+fn take_ctl(
+    fs: &PassthroughFs,
+    caller: &Caller,
+    state: &Mutex<CtlState>,
+    offset: u64,
+    data: &[u8],
+    at_close: bool,
+) -> io::Result<()> {
+    // Held while the lines are applied too, on purpose: only writes to this same open
+    // `ctl` wait on it, and their checkpoints must be taken in the order written.
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    log::debug!(
+        "ctl: {} bytes at {offset} (taken up to {}, {} requests ahead, close {at_close})",
+        data.len(),
+        st.next,
+        st.ahead.len()
+    );
+    if !at_close && offset > st.next {
+        let waiting: usize = st.ahead.values().map(Vec::len).sum();
+        if waiting + data.len() > MAX_CTL_AHEAD {
+            log::warn!(
+                "ctl: refused a write from {caller}: more than {MAX_CTL_AHEAD} bytes ahead of a gap"
+            );
+            return Err(errno(libc::EINVAL));
+        }
+        st.ahead.insert(offset, data.to_vec());
+        return Ok(());
+    }
+    let mut next = if at_close {
+        st.next
+    } else {
+        st.next.max(offset + data.len() as u64)
+    };
+    let mut all = data.to_vec();
+    let mut drained = Vec::new();
+    for (&at, chunk) in &st.ahead {
+        if at != next && !(at_close || at < next) {
+            break;
+        }
+        all.extend_from_slice(chunk);
+        next = next.max(at + chunk.len() as u64);
+        drained.push(at);
+    }
+    let batch = take_ctl_lines(&st.pending, &all, at_close).map_err(|e| {
+        let (why, code) = match e {
+            CtlError::Invalid(why) => (why, libc::EINVAL),
+            CtlError::Repeated(id) => (format!("id {id} twice"), libc::EEXIST),
+        };
+        log::warn!("ctl: refused a write from {caller} (nothing taken): {why}");
+        errno(code)
+    })?;
+    let history = fs.history();
+    if let Some(CtlLine::Checkpoint(id)) = batch
+        .lines
+        .iter()
+        .find(|l| matches!(l, CtlLine::Checkpoint(id) if history.checkpoint_index(id).is_some()))
+    {
+        log::warn!("ctl: refused a write from {caller} (nothing taken): {id} exists");
+        return Err(errno(libc::EEXIST));
+    }
+    st.pending = batch.rest;
+    st.next = next;
+    if at_close {
+        st.writer = None;
+    }
+    for at in drained {
+        st.ahead.remove(&at);
+    }
+    // The session the writer belongs to (the Claude Code hook is a descendant of its
+    // agent), looked up once per batch, after any registration the batch itself makes.
+    let mut session: Option<Option<String>> = None;
+    for line in batch.lines {
+        match line {
+            CtlLine::Session { id, pid } => {
+                history.register_session(caller, &id, pid)?;
+                session = None;
+            }
+            CtlLine::Checkpoint(id) => {
+                let session = session
+                    .get_or_insert_with(|| history.session_of(caller.pid))
+                    .clone();
+                fs.checkpoint(&id, session)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn file_type_of(kind: EntryKind) -> FileType {

@@ -84,6 +84,37 @@ fn content_of(h: &History, e: Option<&ViewEntry>) -> io::Result<Option<Vec<u8>>>
     }
 }
 
+/// How often a report looks a live path up again when it was replaced or removed between
+/// the listing and the read (a writer saving by tmp+rename does that all the time).
+const LIVE_RETRIES: usize = 8;
+
+/// The entry and its content (see [`content_of`]), for a report. A live file that vanished
+/// or was replaced after it was listed is looked up again: the report shows it as it is
+/// now, or as absent if it is gone, instead of failing with ENOENT.
+fn read_side(
+    h: &History,
+    path: &str,
+    e: Option<&ViewEntry>,
+) -> io::Result<(Option<ViewEntry>, Option<Vec<u8>>)> {
+    let mut entry = e.cloned();
+    for _ in 0..LIVE_RETRIES {
+        match content_of(h, entry.as_ref()) {
+            Err(err)
+                if err.raw_os_error() == Some(libc::ENOENT)
+                    && entry
+                        .as_ref()
+                        .is_some_and(|e| matches!(e.content, ViewContent::Live(_))) =>
+            {
+                entry = h.live_entry(path)?;
+            }
+            other => return other.map(|c| (entry, c)),
+        }
+    }
+    Err(io::Error::other(format!(
+        "{path}: replaced {LIVE_RETRIES} times while being read; try again"
+    )))
+}
+
 /// `content` is the entry's content as read by [`content_of`].
 fn facts(e: &ViewEntry, content: Option<&[u8]>) -> EntryFacts {
     let sha256 = match (&e.content, content) {
@@ -327,12 +358,11 @@ impl History {
                 // their target), are read.
                 let read =
                     matches!(e.content, ViewContent::Live(_)) || e.meta.kind == EntryKind::Symlink;
-                let content = if read {
-                    content_of(self, Some(e))?
-                } else {
-                    None
-                };
-                Ok(Some(facts(e, content.as_deref())))
+                if !read {
+                    return Ok(Some(facts(e, None)));
+                }
+                let (e, content) = read_side(self, &path, Some(e))?;
+                Ok(e.map(|e| facts(&e, content.as_deref())))
             };
             out.push(LogChange {
                 before: side(before.as_ref())?,
@@ -753,12 +783,13 @@ impl History {
         after: Option<&ViewEntry>,
         with_patch: bool,
     ) -> io::Result<FileDiff> {
-        let (old, new) = (content_of(self, before)?, content_of(self, after)?);
+        let (before, old) = read_side(self, path, before)?;
+        let (after, new) = read_side(self, path, after)?;
         let mut d = FileDiff {
             path: shown(path),
             change,
-            before: before.map(|e| facts(e, old.as_deref())),
-            after: after.map(|e| facts(e, new.as_deref())),
+            before: before.as_ref().map(|e| facts(e, old.as_deref())),
+            after: after.as_ref().map(|e| facts(e, new.as_deref())),
             content: ContentChange::None,
             insertions: 0,
             deletions: 0,

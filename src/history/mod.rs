@@ -423,7 +423,7 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
     std::str::from_utf8(rel).ok()
 }
 
-pub use track::{open_history, open_history_readonly};
+pub use track::{open_history, open_history_readonly, replay_for_fuzzing};
 
 #[cfg(test)]
 mod tests {

@@ -27,8 +27,84 @@ struct Loaded {
     journal_tail: Vec<Record>,
 }
 
-/// Replays the transcript, then the journal records past its end. Reads only.
-fn load(state_dir: &std::path::Path) -> io::Result<Loaded> {
+/// Why record `r` cannot follow the records replayed into `state`: a history no daemon could
+/// have written (a version gap or a version 0, an object name that is not one, or one the
+/// store does not hold). `has_object` answers for the store.
+pub(crate) fn impossible(
+    state: &State,
+    r: &Record,
+    has_object: &mut dyn FnMut(&str) -> bool,
+) -> Option<String> {
+    if r.record_type != FILE_HISTORY_SNAPSHOT
+        || (!r.is_snapshot_update
+            && r.message_id
+                .as_ref()
+                .is_none_or(|id| state.checkpoint_ids.contains_key(id)))
+    {
+        // Not applied (see `apply_record`), so nothing to check.
+        return None;
+    }
+    for (path, b) in &r.snapshot.tracked_file_backups {
+        let known = state.paths.get(path).map_or(0, |h| h.versions.len());
+        if b.version == 0 || b.version as usize > known + 1 {
+            return Some(format!(
+                "{path:?} jumps to version {} after {known} version{}",
+                b.version,
+                if known == 1 { "" } else { "s" }
+            ));
+        }
+        if let Some(name) = &b.backup_file_name {
+            if !super::store::is_object_name(name) {
+                return Some(format!(
+                    "{path:?} version {} names {name:?}, which is not a store object name",
+                    b.version
+                ));
+            }
+            if !b.pending && !has_object(name) {
+                return Some(format!(
+                    "{path:?} version {} needs store object {name}, which is missing",
+                    b.version
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Replays `records` as a mount does (refusing an impossible history with replay's
+/// message), then looks every path up at every checkpoint as views and rewinds do; returns
+/// the number of lookups. For the fuzz harness (tests/fuzz.rs): a panic here is a bug.
+#[doc(hidden)]
+pub fn replay_for_fuzzing(
+    records: &[Record],
+    has_object: &mut dyn FnMut(&str) -> bool,
+) -> Result<usize, String> {
+    let mut state = State::default();
+    for r in records {
+        if let Some(why) = impossible(&state, r, has_object) {
+            return Err(why);
+        }
+        apply_record(&mut state, r);
+    }
+    let mut lookups = 0;
+    for (path, h) in &state.paths {
+        for k in 0..=state.checkpoints.len() {
+            let n = h.version_at(k);
+            // The invariant replay's checks keep: every tracked path has its version at k.
+            assert!(
+                (1..=h.versions.len()).contains(&n),
+                "{path:?} at checkpoint {k}: version {n} of {}",
+                h.versions.len()
+            );
+            lookups += 1;
+        }
+    }
+    Ok(lookups)
+}
+
+/// Replays the transcript, then the journal records past its end, refusing an impossible
+/// history (see [`impossible`]) with a clear error. Reads only.
+fn load(state_dir: &std::path::Path, store: &Store) -> io::Result<Loaded> {
     let transcript_path = state_dir.join("transcript.jsonl");
     let journal_path = state_dir.join("backups").join("journal.jsonl");
     let outcome = read_transcript(&transcript_path).map_err(to_io)?;
@@ -41,7 +117,42 @@ fn load(state_dir: &std::path::Path) -> io::Result<Loaded> {
     let last_seq = outcome.records.last().map_or(0, |r| r.seq);
     let journal_tail = Journal::read_after(&journal_path, last_seq).map_err(to_io)?;
     let mut state = State::default();
-    for r in outcome.records.iter().chain(journal_tail.iter()) {
+    // One lookup per object, however many versions share it.
+    let mut seen = HashSet::new();
+    let mut has_object = |name: &str| {
+        seen.contains(name) || {
+            let found = store.contains(name);
+            if found {
+                seen.insert(name.to_string());
+            }
+            found
+        }
+    };
+    let transcript_len = outcome.records.len();
+    for (i, r) in outcome
+        .records
+        .iter()
+        .chain(journal_tail.iter())
+        .enumerate()
+    {
+        if let Some(why) = impossible(&state, r, &mut has_object) {
+            let file = if i < transcript_len {
+                &transcript_path
+            } else {
+                &journal_path
+            };
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the record with seq {} describes an impossible history: {why}. The \
+                     file was damaged or edited; nothing was mounted. Restore the state dir \
+                     {} from a backup, or move it aside to start a new history",
+                    file.display(),
+                    r.seq,
+                    state_dir.display()
+                ),
+            ));
+        }
         apply_record(&mut state, r);
     }
     state.next_seq = state.next_seq.max(last_seq + 1);
@@ -119,7 +230,7 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let store = Arc::new(Store::open_with(&cfg.state_dir.join("backups"), policy)?);
     let transcript_path = cfg.state_dir.join("transcript.jsonl");
     let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
-    let mut loaded = load(&cfg.state_dir)?;
+    let mut loaded = load(&cfg.state_dir, &store)?;
     if super::migrate::has_full_checkpoints(&loaded.transcript_outcome.records) {
         // Once, for a state dir from before delta checkpoints: the rewrite also leaves the
         // file ending on a line boundary.
@@ -175,7 +286,7 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
 pub fn open_history_readonly(cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let source_fd = open_source(&cfg.source)?;
     let store = Arc::new(Store::open(&cfg.state_dir.join("backups"))?);
-    let loaded = load(&cfg.state_dir)?;
+    let loaded = load(&cfg.state_dir, &store)?;
     assemble(cfg, source_fd, store, loaded.state, None)
 }
 
@@ -608,18 +719,9 @@ impl History {
 
     /// `session ID PID` written to ctl: PID (an agent process, e.g. from its prompt hook)
     /// becomes the root of session ID; its tree's changes are attributed to the session.
-    /// EINVAL: malformed; ESRCH: no such process; EPERM: another user's process.
-    pub fn register_session(&self, caller: &Caller, args: &[u8]) -> io::Result<()> {
-        let text = std::str::from_utf8(args).unwrap_or("");
-        let mut words = text.split(' ');
-        let (Some(id), Some(pid), None) = (words.next(), words.next(), words.next()) else {
-            warn!("ctl: malformed session registration from {caller} (want: session ID PID)");
-            return Err(errno(libc::EINVAL));
-        };
-        let (Ok(id), Ok(pid)) = (crate::ids::validate_id(id.as_bytes()), pid.parse::<u32>()) else {
-            warn!("ctl: malformed session registration from {caller}: {text:?}");
-            return Err(errno(libc::EINVAL));
-        };
+    /// ESRCH: no such process; EPERM: another user's process (the line was parsed by
+    /// [`crate::ids::take_ctl_lines`]).
+    pub fn register_session(&self, caller: &Caller, id: &str, pid: u32) -> io::Result<()> {
         match super::process::register_session(id, pid, caller.uid) {
             Ok(()) => {
                 info!("session {id}: process {pid} and its descendants (registered by {caller})");
@@ -957,5 +1059,42 @@ impl History {
     /// Number of pending versions still to copy (for status and tests).
     pub fn pending_copies(&self) -> usize {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::testutil::file_entry;
+
+    fn update(seq: u64, path: &str, b: TrackedFileBackup) -> Record {
+        let files = BTreeMap::from([(path.to_owned(), b)]);
+        Record::snapshot_update(None, seq, "2026-01-02T03:04:05Z".into(), files)
+    }
+
+    #[test]
+    fn replay_finds_impossible_records() {
+        let obj = "ab".repeat(32);
+        let mut state = State::default();
+        let mut all = |_: &str| true;
+        let first = update(1, "f", file_entry(1, &obj, "2026-01-02T03:04:05Z"));
+        assert_eq!(impossible(&state, &first, &mut all), None);
+        apply_record(&mut state, &first);
+        let gap = update(2, "f", file_entry(3, &obj, "2026-01-02T03:04:05Z"));
+        let why = impossible(&state, &gap, &mut all).unwrap();
+        assert!(why.contains("jumps to version 3 after 1 version"), "{why}");
+        let zero = update(2, "g", file_entry(0, &obj, "2026-01-02T03:04:05Z"));
+        assert!(impossible(&state, &zero, &mut all).is_some());
+        let name = update(2, "f", file_entry(2, "../x", "2026-01-02T03:04:05Z"));
+        let why = impossible(&state, &name, &mut all).unwrap();
+        assert!(why.contains("not a store object name"), "{why}");
+        let next = update(2, "f", file_entry(2, &obj, "2026-01-02T03:04:05Z"));
+        let why = impossible(&state, &next, &mut |_| false).unwrap();
+        assert!(why.contains("which is missing"), "{why}");
+        assert_eq!(impossible(&state, &next, &mut all), None);
+        // Unknown record types are skipped by replay, so never refused.
+        let mut other = gap.clone();
+        other.record_type = "summary".into();
+        assert_eq!(impossible(&state, &other, &mut all), None);
     }
 }
