@@ -5,7 +5,8 @@ set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-usage: scripts/bench-latency.sh [--durability MODE] [--writers N] [--files N] [--secs S]
+usage: scripts/bench-latency.sh [--durability MODE]   (default: the binary's own default)
+       [--writers N] [--files N] [--secs S]
        (binary: $CHECKPOINTFS_BIN or target/release/checkpointfs; needs root)
 
 Mounts a fresh SRC holding WRITERS directories of FILES small files each (default 8 x 1500),
@@ -24,7 +25,7 @@ behind another request's copy or sync (issue 12: no lock held across IO).
 USAGE
 }
 
-MODE=batched WRITERS=8 FILES=1500 SECS=4
+MODE= WRITERS=8 FILES=1500 SECS=4
 while [[ $# -gt 0 ]]; do
     case $1 in
         --durability) MODE=${2:?}; shift ;;
@@ -56,10 +57,10 @@ with open(os.path.join(base, "hot.txt"), "w") as f:
 PY
 sync
 mkdir -p "$MNT"
-"$BIN" mount "$W/src" "$MNT" --state-dir "$W/state" --durability "$MODE"
+"$BIN" mount "$W/src" "$MNT" --state-dir "$W/state" ${MODE:+--durability "$MODE"}
 echo "hot again" >> "$MNT/hot.txt"   # backed up now: later appends do no Layer 1 work
 echo base > "$MNT/.checkpoint/ctl"
-echo "bench-latency: $(nproc) cores, durability $MODE, $WRITERS writers x $FILES first writes, ${SECS} s per phase"
+echo "bench-latency: $(nproc) cores, durability ${MODE:-default}, $WRITERS writers x $FILES first writes, ${SECS} s per phase"
 python3 - "$MNT" "$WRITERS" "$FILES" "$SECS" <<'PY'
 import itertools, os, sys, threading, time
 mnt, writers, files, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
