@@ -21,8 +21,7 @@ use super::fsutil;
 use super::record::Record;
 use super::replay::{self, ReplayError};
 
-/// The journal's file name inside `STATE/backups/`.
-pub const JOURNAL_FILE_NAME: &str = "journal.jsonl";
+pub use super::replay::JOURNAL_FILE_NAME;
 
 /// An open journal. `append` and `truncate_if_covered` serialize on one mutex, so a
 /// truncation can never drop a record appended concurrently but not yet covered.

@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::fsutil;
-use super::journal::JOURNAL_FILE_NAME;
 use super::record::{FILE_HISTORY_SNAPSHOT, Record};
 
 /// What [`read_transcript`] found.
@@ -40,6 +39,11 @@ impl ReadOutcome {
         self.records.last().map(|r| r.seq)
     }
 }
+
+/// The store journal's file name inside `STATE/backups/`. Defined here, below the journal
+/// (which re-exports it), because this reader serves both files and names which one is
+/// corrupt.
+pub const JOURNAL_FILE_NAME: &str = "journal.jsonl";
 
 /// Why a transcript could not be read.
 #[derive(Debug)]
