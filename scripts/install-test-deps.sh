@@ -143,21 +143,34 @@ fi
 # non-loopback connection off, against tests/agents/mock_anthropic.py.
 CLAUDE_CODE_VERSION=2.1.332
 CLAUDE_CODE_DIR=${CLAUDE_CODE_DIR:-/var/tmp/checkpointfs-agents/claude-code}
-install_claude_code() {
-    local pkg=$CLAUDE_CODE_DIR/node_modules/@anthropic-ai/claude-code/package.json have
-    have=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$pkg" 2>/dev/null) || have=
-    if [[ $have == "$CLAUDE_CODE_VERSION" && -x $CLAUDE_CODE_DIR/node_modules/.bin/claude ]]; then
-        return 0
-    fi
-    command -v npm >/dev/null 2>&1 \
-        || { echo "ci: ERROR: npm is missing (apt-get install nodejs npm); tests/agent_claude_code.rs needs it to install the Claude Code CLI" >&2; return 1; }
-    say "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION into $CLAUDE_CODE_DIR${have:+ (had $have)}"
-    mkdir -p -- "$CLAUDE_CODE_DIR"
-    if ! (cd "$CLAUDE_CODE_DIR" && npm install --no-audit --no-fund --prefix "$CLAUDE_CODE_DIR" \
-        "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION"); then
-        echo "ci: ERROR: npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION failed (needs the npm registry); tests/agent_claude_code.rs needs it" >&2
+# npm_version DIR PKG: the version of npm package PKG installed under DIR, or nothing.
+npm_version() {
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' \
+        "$1/node_modules/$2/package.json" 2>/dev/null || true
+}
+
+# npm_install_pinned DIR PKG VERSION NEEDED_BY: npm install PKG@VERSION into DIR (outside the
+# repository), or a clear error naming the test that needs it.
+npm_install_pinned() {
+    local dir=$1 pkg=$2 version=$3 needed_by=$4 have
+    command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 \
+        || { echo "ci: ERROR: node/npm are missing (apt-get install nodejs npm); $needed_by needs them for $pkg" >&2; return 1; }
+    have=$(npm_version "$dir" "$pkg")
+    say "npm install $pkg@$version into $dir${have:+ (had $have)}"
+    mkdir -p -- "$dir"
+    if ! (cd "$dir" && npm install --no-audit --no-fund --prefix "$dir" "$pkg@$version"); then
+        echo "ci: ERROR: npm install $pkg@$version failed (needs the npm registry); $needed_by needs it" >&2
         return 1
     fi
+}
+
+install_claude_code() {
+    if [[ $(npm_version "$CLAUDE_CODE_DIR" @anthropic-ai/claude-code) == "$CLAUDE_CODE_VERSION" \
+        && -x $CLAUDE_CODE_DIR/node_modules/.bin/claude ]]; then
+        return 0
+    fi
+    npm_install_pinned "$CLAUDE_CODE_DIR" @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" \
+        tests/agent_claude_code.rs || return 1
     # The package's postinstall puts the native binary in place of a stub: check it runs.
     # An npm that skipped the install script (allowScripts) gets it run here, once.
     local home out
@@ -194,25 +207,18 @@ git config --global user.email >/dev/null 2>&1 || git config --global user.email
 GEMINI_CLI_VERSION=0.61.0
 GEMINI_CLI_DIR=${GEMINI_CLI_DIR:-/var/tmp/checkpointfs-agents/gemini-cli}
 install_gemini_cli() {
-    local pkg=$GEMINI_CLI_DIR/node_modules/@google/gemini-cli/package.json have node_major
-    have=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$pkg" 2>/dev/null) || have=
-    if [[ $have == "$GEMINI_CLI_VERSION" && -x $GEMINI_CLI_DIR/node_modules/.bin/gemini ]]; then
+    local node_major
+    if [[ $(npm_version "$GEMINI_CLI_DIR" @google/gemini-cli) == "$GEMINI_CLI_VERSION" \
+        && -x $GEMINI_CLI_DIR/node_modules/.bin/gemini ]]; then
         return 0
     fi
-    command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 \
-        || { echo "ci: ERROR: node/npm are missing (apt-get install nodejs npm); tests/agent_gemini_cli.rs needs them for the Gemini CLI" >&2; return 1; }
     node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null) || node_major=0
     if (( node_major < 20 )); then
         echo "ci: ERROR: @google/gemini-cli@$GEMINI_CLI_VERSION needs node >= 20, this is $(node --version 2>&1)" >&2
         return 1
     fi
-    say "npm install @google/gemini-cli@$GEMINI_CLI_VERSION into $GEMINI_CLI_DIR${have:+ (had $have)}"
-    mkdir -p -- "$GEMINI_CLI_DIR"
-    if ! (cd "$GEMINI_CLI_DIR" && npm install --no-audit --no-fund --prefix "$GEMINI_CLI_DIR" \
-        "@google/gemini-cli@$GEMINI_CLI_VERSION"); then
-        echo "ci: ERROR: npm install @google/gemini-cli@$GEMINI_CLI_VERSION failed (needs the npm registry); tests/agent_gemini_cli.rs needs it" >&2
-        return 1
-    fi
+    npm_install_pinned "$GEMINI_CLI_DIR" @google/gemini-cli "$GEMINI_CLI_VERSION" \
+        tests/agent_gemini_cli.rs || return 1
     # Check it runs (a throwaway HOME: nothing of the machine's user is read or written).
     local home out
     home=$(mktemp -d)

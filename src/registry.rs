@@ -23,8 +23,12 @@ pub const STATE_DIR_FILE: &str = ".checkpoint/state-dir";
 
 /// Reads a pid file ("PID\n"); `None` if missing or malformed.
 pub fn read_pid_file(path: &Path) -> Option<i32> {
-    let s = fs::read_to_string(path).ok()?;
-    s.trim().parse::<i32>().ok().filter(|&p| p > 0)
+    parse_pid_file(&fs::read_to_string(path).ok()?)
+}
+
+/// A pid file's content ("PID\n"); `None` if malformed.
+pub fn parse_pid_file(text: &str) -> Option<i32> {
+    text.trim().parse::<i32>().ok().filter(|&p| p > 0)
 }
 
 /// Whether `pid` is a running (not zombie) process. Zombies count as gone: where PID 1

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crate::exit_status::*;
 use crate::mountinfo::{find_mount, is_checkpointfs_mount};
 use crate::registry::{
-    PID_FILE, STATE_DIR_FILE, is_checkpointfs_process, process_alive, read_pid_file,
-    recorded_state_dir,
+    PID_FILE, STATE_DIR_FILE, is_checkpointfs_process, parse_pid_file, process_alive,
+    read_pid_file, recorded_state_dir,
 };
 use crate::sys::{errno_of, error_text, poll_readable};
 
@@ -273,7 +273,7 @@ fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
 /// socket, which is ours.
 fn daemon_of(state: &Path) -> Option<i32> {
     let pid = match fs::read_to_string(state.join(PID_FILE)) {
-        Ok(_) => read_pid_file(&state.join(PID_FILE)),
+        Ok(text) => parse_pid_file(&text),
         Err(e) if errno_of(&e) == libc::EACCES => {
             let status = crate::control::Request::Status {
                 path: None,
