@@ -411,3 +411,59 @@ fn log_and_diff_tolerate_files_replaced_under_them() {
         failures.len()
     );
 }
+
+/// A Python helper that walks `dir` down `levels` directories named `name` with `dir_fd`
+/// (so no path string is ever longer than one name), then runs `action` on file `f` there.
+fn deep_python(dir: &Path, levels: usize, name: &str, action: &str) -> std::process::Output {
+    let script = format!(
+        r#"
+import os, sys
+fd = os.open({dir:?}, os.O_RDONLY | os.O_DIRECTORY)
+for _ in range({levels}):
+    if sys.argv[1] == "mkdir":
+        try:
+            os.mkdir({name:?}, dir_fd=fd)
+        except FileExistsError:
+            pass
+    nfd = os.open({name:?}, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    fd = nfd
+if sys.argv[1] in ("mkdir", "write"):
+    w = os.open("f", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=fd)
+    os.write(w, sys.argv[2].encode())
+    os.close(w)
+else:
+    r = os.open("f", os.O_RDONLY, dir_fd=fd)
+    sys.stdout.write(os.read(r, 1 << 16).decode())
+    os.close(r)
+"#,
+        dir = dir.to_str().unwrap(),
+    );
+    let mut cmd = vec!["-c", script.as_str()];
+    cmd.extend(action.split(' '));
+    common::run("python3", &cmd, Path::new("/"))
+}
+
+#[test]
+fn paths_longer_than_path_max_are_tracked_viewed_and_rewound() {
+    let m = TestMount::new();
+    // 24 levels of 250-byte names: a relative path of 6,025 bytes, past PATH_MAX (4,096),
+    // which the kernel allows when each step is relative.
+    let (levels, name) = (24, "d".repeat(250));
+    let ok = |out: std::process::Output| {
+        assert!(out.status.success(), "python: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    ok(deep_python(&m.mnt, levels, &name, "mkdir first"));
+    checkpoint(&m, "before");
+    ok(deep_python(&m.mnt, levels, &name, "write second"));
+    assert_eq!(ok(deep_python(&m.mnt, levels, &name, "read")), "second");
+    // The view shows the content at the checkpoint, the rewind brings it back.
+    assert_eq!(
+        ok(deep_python(&at(&m, "before"), levels, &name, "read")),
+        "first"
+    );
+    common::rewind(&m, "before", &[]);
+    assert_eq!(ok(deep_python(&m.mnt, levels, &name, "read")), "first");
+    assert_eq!(ok(deep_python(&m.src, levels, &name, "read")), "first");
+}

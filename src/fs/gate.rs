@@ -10,13 +10,14 @@
 //! checkpoint takes it exclusively, so a checkpoint never falls between a mutation's backup
 //! and the mutation itself (which would make the checkpoint record the pre-change state
 //! while the change lands unbacked in the next epoch).
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
 use std::io;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use log::debug;
 
-use super::inodes::Inode;
+use super::inodes::{Inode, ObjectKey};
 use crate::history::{Caller, History};
 use crate::sys;
 
@@ -179,11 +180,67 @@ impl Gate {
     /// The path of `inode` relative to the mount root (empty for the root itself), or
     /// `None` when the object is no longer reachable (unlinked), so no tree path changes.
     pub fn rel_path_of(&self, inode: &Inode) -> io::Result<Option<Vec<u8>>> {
-        use std::os::fd::AsRawFd;
-        let Some(abs) = sys::fd_path(inode.fd()?.as_raw_fd())? else {
-            return Ok(None);
+        match sys::fd_path(inode.fd()?.as_raw_fd()) {
+            Ok(Some(abs)) => Ok(self.strip_src(&abs)),
+            Ok(None) => Ok(None),
+            // The kernel spells an fd's path in one page; deeper paths are legal.
+            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                self.rel_path_by_origins(inode)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The path of `inode` from the names it was reached under (its origins, invariant 4 of
+    /// the inode table), up to the nearest ancestor whose path the kernel can spell. Each
+    /// name is checked to still lead to its object (`fstatat` without following, same
+    /// `(st_dev, st_ino)`): a rename made in SRC behind the mount's back gives ESTALE, not a
+    /// wrong path whose backup would be of another file.
+    fn rel_path_by_origins(&self, inode: &Inode) -> io::Result<Option<Vec<u8>>> {
+        let mut names: Vec<CString> = Vec::new();
+        let mut child_key = inode.key;
+        let mut up = inode.origin();
+        let mut prefix = loop {
+            let Some((parent, name)) = up else {
+                break Vec::new(); // reached the root by names alone
+            };
+            let parent_fd = parent.fd()?;
+            match sys::fstatat(parent_fd.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if ObjectKey::of(&st) == child_key => {}
+                Ok(_) => return Err(sys::errno(libc::ESTALE)),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    // Unlinked (as "(deleted)" says for short paths), or renamed by someone
+                    // else: only the first leaves no tree path to back up.
+                    let st = sys::fstat(inode.fd()?.as_fd())?;
+                    return if st.st_nlink == 0 && names.is_empty() {
+                        Ok(None)
+                    } else {
+                        Err(sys::errno(libc::ESTALE))
+                    };
+                }
+                Err(e) => return Err(e),
+            }
+            names.push(name);
+            match sys::fd_path(parent_fd.as_raw_fd()) {
+                Ok(Some(abs)) => match self.strip_src(&abs) {
+                    Some(rel) => break rel,
+                    None => return Ok(None),
+                },
+                Ok(None) => return Ok(None),
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                    child_key = parent.key;
+                    up = parent.origin();
+                }
+                Err(e) => return Err(e),
+            }
         };
-        Ok(self.strip_src(&abs))
+        for name in names.iter().rev() {
+            if !prefix.is_empty() {
+                prefix.push(b'/');
+            }
+            prefix.extend_from_slice(name.as_bytes());
+        }
+        Ok(Some(prefix))
     }
 
     fn rel_child(&self, parent: &Inode, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
