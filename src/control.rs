@@ -253,6 +253,47 @@ pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<Cont
     })
 }
 
+/// Serves only root, the daemon's own user and the user the mount is for (`--owner`). The
+/// socket's mode (0600, in the state dir) already keeps others out; this holds even if it
+/// did not (a connection made before the mode was set, a state dir an admin loosened).
+fn check_peer(fs: &PassthroughFs, stream: &UnixStream) -> Result<(), Response> {
+    let refuse = |error: String, errno: i32| Response {
+        ok: false,
+        error,
+        errno: Some(errno),
+        protocol: PROTOCOL,
+        ..Default::default()
+    };
+    let cred = crate::sys::peer_cred(stream.as_fd()).map_err(|e| {
+        refuse(
+            format!("cannot tell who is asking (SO_PEERCRED): {e}"),
+            libc::EACCES,
+        )
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let daemon_uid = unsafe { libc::geteuid() };
+    let owner_uid = fs.owner().map(|o| o.uid);
+    if cred.uid == 0 || cred.uid == daemon_uid || Some(cred.uid) == owner_uid {
+        return Ok(());
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        warn!(
+            "control: refused a connection from uid {} (pid {}); only root and the mount's \
+             user are served (further refusals are not logged)",
+            cred.uid, cred.pid
+        );
+    });
+    Err(refuse(
+        format!(
+            "permission denied: uid {} may not control this mount; only root and uid {} can",
+            cred.uid,
+            owner_uid.unwrap_or(daemon_uid)
+        ),
+        libc::EACCES,
+    ))
+}
+
 /// How often progress lines are sent at most.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -329,6 +370,11 @@ fn serve_connection(
     maintenance: &RwLock<()>,
     stream: UnixStream,
 ) -> io::Result<()> {
+    if let Err(refusal) = check_peer(fs, &stream) {
+        let mut out = serde_json::to_vec(&refusal)?;
+        out.push(b'\n');
+        return (&stream).write_all(&out);
+    }
     let request = read_request(&stream);
     let mut last_sent: Option<Instant> = None;
     // A client that went away only loses its progress lines; the work goes on.

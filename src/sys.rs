@@ -203,9 +203,9 @@ pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> io::Result<i64> {
     cvt(unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) })
 }
 
-/// The process id of the peer of a connected Unix socket (`SO_PEERCRED`: the process that
-/// connected, as of the connect).
-pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+/// The credentials of the peer of a connected Unix socket (`SO_PEERCRED`: the process that
+/// connected and its uid and gid, as of the connect).
+pub fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -222,7 +222,12 @@ pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
             &mut len,
         )
     })?;
-    u32::try_from(cred.pid).map_err(|_| errno(libc::ESRCH))
+    Ok(cred)
+}
+
+/// The process id of the peer of a connected Unix socket (see [`peer_cred`]).
+pub fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    u32::try_from(peer_cred(fd)?.pid).map_err(|_| errno(libc::ESRCH))
 }
 
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {

@@ -467,3 +467,61 @@ fn paths_longer_than_path_max_are_tracked_viewed_and_rewound() {
     assert_eq!(ok(deep_python(&m.mnt, levels, &name, "read")), "first");
     assert_eq!(ok(deep_python(&m.src, levels, &name, "read")), "first");
 }
+
+/// What another local user gets from the control socket: `EACCES` at connect while its mode
+/// (0600, root's) holds, and a refusal without effect when the socket is reachable anyway (a
+/// connection made before the mode was set, or a mode an admin loosened).
+#[test]
+fn another_user_cannot_control_the_mount_through_its_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = TestMount::new();
+    let (uid, gid) = common::test_user("cpfs-test-peer");
+    fs::write(m.mnt.join("f"), "mine\n").unwrap();
+    // Let the other user reach the state dir (others may read it; only writing is refused).
+    for dir in [m.state.parent().unwrap(), &m.state] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let socket = m.state.join("control.sock");
+    let script = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("EACCES at connect")
+    sys.exit(0)
+s.sendall(b'{"cmd":"checkpoint","id":"intruder"}\n')
+print(s.makefile().readline(), end="")
+"#;
+    let as_other = || {
+        let out = common::run_as(
+            uid,
+            gid,
+            &["/usr/bin/python3", "-c", script, socket.to_str().unwrap()],
+        );
+        assert!(out.status.success(), "python: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(as_other().trim(), "EACCES at connect");
+
+    fs::set_permissions(&socket, fs::Permissions::from_mode(0o666)).unwrap();
+    let reply: serde_json::Value = serde_json::from_str(&as_other()).unwrap();
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert_eq!(reply["errno"], libc::EACCES, "{reply}");
+    let error = reply["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("uid {uid} may not control this mount")),
+        "{error}"
+    );
+    assert!(
+        !at(&m, "intruder").exists(),
+        "the refused checkpoint was taken"
+    );
+    assert!(m.daemon_log().contains("refused a connection from uid"));
+    // Root is still served.
+    checkpoint(&m, "mine");
+    assert_eq!(
+        fs::read_to_string(at(&m, "mine").join("f")).unwrap(),
+        "mine\n"
+    );
+}
