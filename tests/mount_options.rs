@@ -411,6 +411,9 @@ fn remount_ro_and_back_rw_through_mount_8() {
 fn a_normal_user_mounts_ro_noexec_and_is_refused_what_needs_root() {
     let (uid, gid) = test_user("cpfs-test-opts");
     let mut m = TestMount::unmounted(&["-o", "ro,noexec"]);
+    // A normal user mounts through fusermount3, which opens /dev/fuse as the user: give it
+    // its usual 0666 (this machine's is root-only) for the test's life.
+    let _mode = DevFuseMode::set(0o666);
     fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
     write_script(&m.src.join("s.sh"));
     for p in [&m.src, &m.mnt, &m.state, &m.src.join("s.sh")] {

@@ -574,16 +574,26 @@ fn walk(root: &Path, path: &Path, out: &mut Vec<String>) {
 }
 
 /// Sets the mode of /dev/fuse for the life of the guard, and puts the original back on
-/// drop (also when the test panics).
+/// drop (also when the test panics). The device is machine-wide state: guards in one test
+/// binary are taken one at a time (tests run on two threads), so one test's 0600 never
+/// lands in the middle of another's user mount.
 pub struct DevFuseMode {
     original: u32,
+    _exclusive: std::sync::MutexGuard<'static, ()>,
 }
 
 impl DevFuseMode {
     pub fn set(mode: u32) -> DevFuseMode {
+        static DEVICE_MODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let exclusive = DEVICE_MODE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let original = fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
         fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(mode)).unwrap();
-        DevFuseMode { original }
+        DevFuseMode {
+            original,
+            _exclusive: exclusive,
+        }
     }
 }
 
