@@ -50,10 +50,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     if cfg.owner.is_some() {
         // The owner reaches the control socket in it, and nothing else: every file in it is
         // 0600 root's, and the directory is not writable to them.
-        std::fs::set_permissions(
-            &cfg.state_dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o711),
-        )?;
+        crate::state_dir::let_others_reach_the_socket(&cfg.state_dir)?;
     }
     crate::state_dir::write_file(
         &cfg.state_dir,

@@ -485,6 +485,10 @@ pub(crate) fn wait_for_unmounted_daemon(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their trees directly"
+)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;

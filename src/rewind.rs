@@ -558,6 +558,14 @@ fn parent_and_name(rel: &str) -> io::Result<(&str, CString)> {
     Ok((parent, c))
 }
 
+fn cvt_fd(rc: i32) -> io::Result<i32> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
 fn cvt(rc: i32) -> io::Result<()> {
     if rc < 0 {
         Err(io::Error::last_os_error())
@@ -689,9 +697,18 @@ fn write_entry(
             }
         }
         EntryKind::File => {
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
-            let fd = open_in(root, rel, flags, 0o600)?;
-            let out = File::from(fd);
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW;
+            // SAFETY: valid fd and C string; the fd is owned below.
+            let fd = cvt_fd(unsafe {
+                libc::openat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    flags | libc::O_CLOEXEC,
+                    0o600,
+                )
+            })?;
+            // SAFETY: a fresh fd, owned by nothing else.
+            let out = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
             // Extents only, so a sparse file comes back sparse (and a hole costs no writes).
             crate::history::store::copy_sparse(&history.view_open(target)?, &out)?;
             Ok(())

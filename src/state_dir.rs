@@ -114,6 +114,12 @@ pub fn secure(state_dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes `dir` 0711: others may reach the control socket in it (the `--owner` user) but
+/// neither list nor change anything; every file in it stays 0600 root's.
+pub fn let_others_reach_the_socket(dir: &Path) -> io::Result<()> {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,10 @@
 //! Thin, allocation-free wrappers over the *read-only* syscalls that the passthrough core
 //! (`fs`) and the history (`history`) both need: the layer below both.
 //!
-//! Syscalls that change SRC live in [`crate::fs::gate::mutate`] and need a
-//! [`crate::fs::gate::Permit`]; nothing in this file may modify the filesystem.
+//! Syscalls that change SRC are the methods of the gate's permits ([`crate::fs::gate`]);
+//! nothing in this file may modify the filesystem. Its openers refuse flags that could
+//! write, create or truncate ([`refuse_writing`]), so an fd from here is never a way
+//! around the gate.
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
@@ -74,7 +76,29 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     fstatat(fd, EMPTY, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
 }
 
+/// Flags an opener in this module refuses (EINVAL): those that can write, create or
+/// truncate. A write-capable open is a permit method of the gate.
+pub const WRITING_FLAGS: i32 = libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC;
+
+/// `EINVAL` for `flags` that could change what they open (see [`WRITING_FLAGS`]).
+pub fn refuse_writing(flags: i32) -> io::Result<()> {
+    if flags & WRITING_FLAGS != 0 {
+        debug_assert!(
+            false,
+            "a read-only opener was given writing flags {flags:#o}"
+        );
+        return Err(errno(libc::EINVAL));
+    }
+    Ok(())
+}
+
+/// openat for reading or O_PATH only (see [`refuse_writing`]).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "read-only: writing flags are refused first"
+)]
 pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    refuse_writing(flags)?;
     // SAFETY: valid fd and C string; the returned fd is owned by us.
     let fd = cvt(unsafe {
         libc::openat(
@@ -91,8 +115,7 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Re
 /// Re-opens an O_PATH fd with real access flags through /proc/self/fd, the only way to
 /// turn an O_PATH fd into a readable/writable one without knowing its path.
 ///
-/// Must not carry O_CREAT (the inode exists) — O_TRUNC is the caller's business, which is
-/// why this goes through the gate when the flags can write (see `gate::mutate::reopen`).
+/// Read-only flags only: an open that can write is [`crate::fs::gate::ObjectPermit::open_for_writing`].
 pub fn reopen_readonly_like(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
     debug_assert_eq!(flags & (libc::O_CREAT | libc::O_TRUNC), 0);
     debug_assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);
@@ -110,7 +133,14 @@ pub(crate) fn reopen_for_reading(fd: RawFd, extra: i32) -> io::Result<OwnedFd> {
     }
 }
 
+/// Re-opens an O_PATH fd through its /proc link, for reading or O_PATH only (see
+/// [`refuse_writing`]).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "read-only: writing flags are refused first"
+)]
 pub(crate) fn proc_reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+    refuse_writing(flags)?;
     let mut buf = [0u8; 32];
     let path = proc_fd_path(&mut buf, fd);
     let flags = (flags | libc::O_CLOEXEC) & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
@@ -500,7 +530,10 @@ pub fn name_bytes(name: &OsStr) -> &[u8] {
 /// PATH_MAX (4096, NUL included) or more with ENAMETOOLONG, though a tree may go deeper.
 const PATH_PIECE: usize = 4000;
 
+///
+/// For reading or O_PATH only (see [`refuse_writing`]).
 pub fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    refuse_writing(flags)?;
     if rel.len() > PATH_PIECE
         && let Some(cut) = rel.as_bytes()[..PATH_PIECE]
             .iter()
@@ -621,6 +654,10 @@ pub fn poll_readable(fd: i32, timeout: Duration) -> io::Result<bool> {
 }
 
 /// Opens SRC itself (an O_PATH directory fd): the root every operation on SRC is relative to.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "an O_PATH open, which cannot write"
+)]
 pub fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
     let src_c = CString::new(source.as_os_str().as_bytes()).map_err(|_| errno(libc::EINVAL))?;
     // SAFETY: valid C string; the fd is owned below.
@@ -759,6 +796,10 @@ pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their trees directly"
+)]
 mod tests {
     use super::*;
 

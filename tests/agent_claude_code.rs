@@ -8,6 +8,10 @@
 //! updates and non-essential traffic are off, and HTTP(S)_PROXY point at the mock with only
 //! 127.0.0.1/localhost exempt, so any other connection the CLI tried would be refused there —
 //! and logged: the tests assert that there was none.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -9,6 +9,10 @@
 //! (NO_PROXY excepts the mock), HOME and TMPDIR are a temp dir, telemetry and update checks are off.
 //!
 //! Also: the hook script alone, fed Gemini CLI's hook input as the CLI does (no CLI needed).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::collections::BTreeSet;

@@ -1,5 +1,9 @@
 //! What agents and their users meet: changes attributed to processes (not threads), ioctls
 //! answered quietly, and a normal user mounting through fusermount3.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -1,6 +1,10 @@
 //! Checkpoints on a real mount: Layer 1 backups, Layer 2 checkpoints from `.checkpoint/ctl`,
 //! browsing `at/<id>`, log/diff/status, rewind (whole and selective), remount and kill -9
 //! recovery — driven by real tools, checked byte for byte with full-tree listings.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -1,6 +1,10 @@
 //! `--durability strict|batched|process` on a real mount: in every mode, `kill -9` of the
 //! daemon right after many changes loses no pre-image (views and rewind give every file back
 //! byte for byte), and the strict mode makes at most one sync per backup on the syscall path.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -2,6 +2,10 @@
 //! negations, directory and anchored patterns, `.git/info/exclude`, the git directory,
 //! rules edited through the mount, `--exclude` alongside, settings kept across remounts,
 //! and `status --path` / `status --json` explaining each case.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -3,6 +3,10 @@
 //! checkpoint and serves its view, with zero errors and fewer fds than the limit: idle
 //! inodes give their O_PATH fd back and are reopened on demand (by file handle as root, by
 //! parent and name as a normal user).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

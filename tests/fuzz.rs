@@ -7,6 +7,10 @@
 //! Budget: `CHECKPOINTFS_FUZZ_SECS` seconds per target (default 2; scripts/test.sh runs 20).
 //! Seed: `CHECKPOINTFS_FUZZ_SEED` (default fixed, so a plain run is reproducible); a failure
 //! prints the seed and writes the input to target/fuzz-crashes/<target>-<n>.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 use std::fs;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};

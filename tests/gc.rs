@@ -2,6 +2,10 @@
 //! varied sizes and change rates is modelled exactly, so the test knows which store objects
 //! gc must keep and which it must free; kept checkpoints must browse and rewind byte for
 //! byte as before; a crash between the transcript's rename and the sweep loses nothing.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::collections::BTreeMap;

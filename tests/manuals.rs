@@ -1,5 +1,9 @@
 //! `checkpointfs completions SHELL` and `checkpointfs man [--dir DIR]`, checked against the
 //! clap definitions themselves: every subcommand is completed and has a page.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -1,4 +1,8 @@
 //! The `mount` / `umount` command line: refused mounts, and the mount lifecycle.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::ffi::OsStr;

@@ -1,6 +1,10 @@
 //! Kernel mount options on real mounts (`checkpointfs mount -o ...`): ro, noexec, dev,
 //! suid, noatime/strictatime, remount ro/rw through mount(8), a refused option, and a mount
 //! right after a plain umount(8) (it waits for the old daemon instead of refusing).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::ffi::CString;

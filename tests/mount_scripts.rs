@@ -4,6 +4,10 @@
 //! `mount -t fuse.checkpointfs`, and through an fstab line) and the systemd unit's command
 //! lines. Every mount is unmounted on every path: by [`TestMount`]'s drop, or by
 //! [`RootGuard`] for mounts the scripts make themselves.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

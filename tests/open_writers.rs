@@ -1,6 +1,10 @@
 //! A checkpoint is one moment, also for files held open for writing (issue 10): with kernel
 //! passthrough the daemon never sees those writes, so the copy a checkpoint makes of such a
 //! file must still be a content the file really had.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

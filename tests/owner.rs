@@ -1,6 +1,10 @@
 //! `mount --owner USER`: root mounts for a normal user, so that user gets kernel passthrough
 //! (which a user's own fusermount3 mount cannot have) while only their processes may use the
 //! mount and the history stays out of their reach.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

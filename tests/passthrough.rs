@@ -3,6 +3,10 @@
 //! kernel passthrough (the default) and `--no-passthrough` (IO served by the daemon).
 //!
 //! Each body is a plain `fn(args)`; [`both_modes!`] makes the `#[test]`s.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::collections::BTreeSet;

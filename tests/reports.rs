@@ -1,6 +1,10 @@
 //! `log` and `diff` on a real mount: `diff --stat` (git's format), and the `--json`
 //! schemas of docs/json-output.md, parsed and checked value by value, online and from an
 //! unmounted state dir.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -1,6 +1,10 @@
 //! Issue 11 item 7 and its "what to build" list: the control socket answers every request,
 //! a rewind works only on this mount's root as the kernel sees it, replay refuses impossible
 //! histories, and `ctl` takes each write whole.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

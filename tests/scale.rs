@@ -1,6 +1,10 @@
 //! Costs that must grow with what changes, never with the size of the tree or the length of
 //! the session (issue 10): the transcript bytes a checkpoint adds, and the one-time rewrite
 //! of a transcript from before delta checkpoints.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,10 @@
 //! Sparse files on a real mount: a 1-byte write into a 1 GiB hole costs the store a few
 //! blocks, not a gigabyte; views answer `SEEK_DATA`/`SEEK_HOLE`; a rewind leaves the file
 //! sparse and byte-exact.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs::{self, File, OpenOptions};

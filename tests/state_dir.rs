@@ -1,5 +1,9 @@
 //! The state dir is the owner's alone (issue 11, item 2): another local user can neither
 //! erase the history nor append records a later rewind would trust.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

@@ -5,6 +5,10 @@
 //! package to install (CI installs both): a reflink test that quietly passes without running
 //! would hide exactly the regression it exists for. Without root the tests are skipped with a
 //! printed note, as loop mounts are impossible then.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;

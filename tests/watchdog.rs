@@ -1,6 +1,10 @@
 //! No fault of the daemon leaves a caller waiting forever (issue 11 items 4 and 5): the
 //! watchdog aborts the mount's FUSE connection when the daemon dies with a thread stuck on
 //! its own mount (kill -9 during a rewind) or stays stopped longer than its bound.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests build and change trees directly, as users and their tools do"
+)]
 mod common;
 
 use std::fs;

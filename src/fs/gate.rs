@@ -1,53 +1,43 @@
 //! The mutation gate: the one place through which every change to SRC passes.
 //!
-//! Every syscall that can change content, metadata or the namespace of SRC lives in
-//! [`mutate`] and takes a [`Permit`]. A `Permit` can only be made by [`Gate::permit`], which
-//! first hands the affected paths to the file-history system (Layer 1: the pre-image is
-//! backed up before the change). So an operation that forgets the gate does not compile —
-//! the rule is enforced by the type system, not by convention.
+//! A change to SRC needs a *permit*, and the permit is the only thing that can make it:
+//!
+//! - [`ObjectPermit`] (chmod, chown, utimes, truncate, xattrs, an open that can write) is
+//!   bound to one inode;
+//! - [`EntryPermit`] (create, mkdir, mknod, symlink, link, unlink, rmdir) to one name in
+//!   one directory;
+//! - [`RenamePermit`] to the two names of a rename;
+//! - [`WritePermit`] (write, fallocate, copy_file_range into) to one handle, and only a
+//!   [`WritableFd`] yields one — an fd that only a permit's open can make.
+//!
+//! Each permit is made by a `Gate::*_permit` method, which first hands the affected paths
+//! to the file-history system (Layer 1: the pre-image is backed up before the change). Its
+//! fields are private, so no other module can make one, and the mutations are its methods,
+//! acting on the target it was issued for. The syscalls behind them live in the private
+//! [`syscalls`] module; clippy's `disallowed-methods` (clippy.toml) refuses the raw mutating
+//! libc and std::fs calls everywhere else, so a change that skips the gate does not pass
+//! `cargo clippy -D warnings`, and one that calls a mutation without its permit does not
+//! compile (tests/gate_compile_fail.rs).
 //!
 //! A permit also holds the *epoch lock* in shared mode for as long as the mutation runs. A
 //! checkpoint takes it exclusively, so a checkpoint never falls between a mutation's backup
 //! and the mutation itself (which would make the checkpoint record the pre-change state
 //! while the change lands unbacked in the next epoch).
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use log::debug;
 
+use super::handles::FileHandle;
 use super::inodes::{Inode, ObjectKey};
 use crate::history::{Caller, History};
-use crate::sys;
+use crate::sys::{self, errno};
 
-/// What an operation is about to change. Paths are resolved by the gate, not the caller.
-#[derive(Debug)]
-pub enum Change<'a> {
-    /// Open with write access or O_TRUNC, truncate, chmod/chown/utimes, xattr changes,
-    /// fallocate: the object itself changes.
-    Object(&'a Inode),
-    /// Data written through a handle that was opened (and gated) for writing.
-    WriteThrough(&'a Inode),
-    /// A name appears or disappears in a directory: create, mkdir, mknod, symlink, link,
-    /// unlink, rmdir. `is_dir`: the entry is a directory (mkdir, rmdir).
-    Entry {
-        parent: &'a Inode,
-        name: &'a OsStr,
-        is_dir: bool,
-    },
-    /// rename(2) in all its forms. `exchange`: RENAME_EXCHANGE.
-    Rename {
-        parent: &'a Inode,
-        name: &'a OsStr,
-        new_parent: &'a Inode,
-        new_name: &'a OsStr,
-        exchange: bool,
-    },
-}
-
-/// Proof that a change went through the gate. Hold it while the mutation runs.
-pub struct Permit<'g> {
+/// What every permit holds while its mutation runs: the epoch lock (shared) and the paths
+/// whose change the exclusion rules depend on.
+struct Admission<'g> {
     _epoch: RwLockReadGuard<'g, ()>,
     history: &'g History,
     /// Changed paths on which the exclusion rules depend (a `.gitignore`, a renamed
@@ -56,19 +46,58 @@ pub struct Permit<'g> {
     rules_touched: Vec<Vec<u8>>,
 }
 
-impl Permit<'_> {
-    /// Whether the change touches a file the exclusion rules are read from.
-    pub fn touches_rules(&self) -> bool {
-        !self.rules_touched.is_empty()
-    }
-}
-
-impl Drop for Permit<'_> {
+impl Drop for Admission<'_> {
     fn drop(&mut self) {
         for rel in &self.rules_touched {
             self.history.exclusion_rules_changed(rel);
         }
     }
+}
+
+/// An fd that can change a file's data in SRC. Only a permit's open makes one
+/// ([`ObjectPermit::open_for_writing`], [`EntryPermit::create`]), so holding one proves the
+/// open was gated; a [`WritePermit`] for writes through it comes from [`Gate::write_permit`].
+pub struct WritableFd(OwnedFd);
+
+impl AsFd for WritableFd {
+    /// For reading, stat, fsync and kernel passthrough's backing file: every write-capable
+    /// call in this crate is a permit method (clippy.toml refuses the raw ones).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// Permission to change one object (see the module docs). Made by [`Gate::object_permit`].
+pub struct ObjectPermit<'g> {
+    admission: Admission<'g>,
+    inode: &'g Inode,
+}
+
+/// Permission to add or remove one name in one directory. Made by [`Gate::entry_permit`].
+pub struct EntryPermit<'g> {
+    _admission: Admission<'g>,
+    /// The parent directory, opened as the daemon when the permit was issued (before any
+    /// switch to the caller's credentials).
+    dir: Arc<OwnedFd>,
+    name: &'g CStr,
+    is_dir: bool,
+}
+
+/// Permission for one rename(2). Made by [`Gate::rename_permit`].
+pub struct RenamePermit<'g> {
+    _admission: Admission<'g>,
+    dir: Arc<OwnedFd>,
+    name: &'g CStr,
+    new_dir: Arc<OwnedFd>,
+    new_name: &'g CStr,
+    flags: u32,
+}
+
+/// Permission to write through one gated handle. Made by [`Gate::write_permit`].
+pub struct WritePermit<'g> {
+    _admission: Admission<'g>,
+    file: &'g WritableFd,
+    inode: &'g Inode,
 }
 
 pub struct Gate {
@@ -101,73 +130,115 @@ impl Gate {
         f()
     }
 
-    /// Backs up what `change` is about to modify, then returns the permit for the mutation.
-    /// An error (the backup failed) must fail the operation with that errno.
-    pub fn permit(&self, caller: &Caller, change: Change<'_>) -> io::Result<Permit<'_>> {
-        let guard = self
-            .epoch_lock
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut rules_touched = Vec::new();
-        match change {
-            // Writes through a handle need no backup of their own: the open that made the
-            // handle writable was gated, and a checkpoint captures files open for writing.
-            // (A `.gitignore` written this way is reported when the handle is released.)
-            Change::WriteThrough(_) => {}
-            Change::Object(inode) => {
-                if let Some(rel) = self.rel_path_of(inode)? {
-                    debug!(
-                        "gate: {} modifies {:?}",
-                        caller,
-                        String::from_utf8_lossy(&rel)
-                    );
-                    self.history
-                        .before_change(caller, &rel, Some(inode.is_dir()))?;
-                    self.note_rules_dependency(&mut rules_touched, rel, false);
-                }
-            }
-            Change::Entry {
-                parent,
-                name,
-                is_dir,
-            } => {
-                if let Some(rel) = self.rel_child(parent, name)? {
-                    debug!(
-                        "gate: {} adds/removes {:?}",
-                        caller,
-                        String::from_utf8_lossy(&rel)
-                    );
-                    self.history.before_change(caller, &rel, Some(is_dir))?;
-                    self.note_rules_dependency(&mut rules_touched, rel, false);
-                }
-            }
-            Change::Rename {
-                parent,
-                name,
-                new_parent,
-                new_name,
-                exchange,
-            } => {
-                let from = self.rel_child(parent, name)?;
-                let to = self.rel_child(new_parent, new_name)?;
-                if let (Some(from), Some(to)) = (from, to) {
-                    debug!(
-                        "gate: {} renames {:?} -> {:?}{}",
-                        caller,
-                        String::from_utf8_lossy(&from),
-                        String::from_utf8_lossy(&to),
-                        if exchange { " (exchange)" } else { "" }
-                    );
-                    self.history.before_rename(caller, &from, &to, exchange)?;
-                    self.note_rules_dependency(&mut rules_touched, from, true);
-                    self.note_rules_dependency(&mut rules_touched, to, true);
-                }
-            }
-        }
-        Ok(Permit {
-            _epoch: guard,
+    fn admit(&self) -> Admission<'_> {
+        Admission {
+            _epoch: self
+                .epoch_lock
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
             history: &self.history,
-            rules_touched,
+            rules_touched: Vec::new(),
+        }
+    }
+
+    /// Backs up `inode` (chmod/chown/utimes, truncate, xattr changes, an open that can
+    /// write), then returns the permit to change it. An error (the backup failed) must fail
+    /// the operation with that errno, the object untouched.
+    pub fn object_permit<'g>(
+        &'g self,
+        caller: &Caller,
+        inode: &'g Inode,
+    ) -> io::Result<ObjectPermit<'g>> {
+        let mut admission = self.admit();
+        if let Some(rel) = self.rel_path_of(inode)? {
+            debug!(
+                "gate: {} modifies {:?}",
+                caller,
+                String::from_utf8_lossy(&rel)
+            );
+            self.history
+                .before_change(caller, &rel, Some(inode.is_dir()))?;
+            self.note_rules_dependency(&mut admission.rules_touched, rel, false);
+        }
+        Ok(ObjectPermit { admission, inode })
+    }
+
+    /// Backs up `name` in `parent` (it appears or disappears: create, mkdir, mknod,
+    /// symlink, link, unlink, rmdir; `is_dir` for mkdir and rmdir), then returns the permit.
+    pub fn entry_permit<'g>(
+        &'g self,
+        caller: &Caller,
+        parent: &'g Inode,
+        name: &'g CStr,
+        is_dir: bool,
+    ) -> io::Result<EntryPermit<'g>> {
+        let mut admission = self.admit();
+        if let Some(rel) = self.rel_child(parent, name)? {
+            debug!(
+                "gate: {} adds/removes {:?}",
+                caller,
+                String::from_utf8_lossy(&rel)
+            );
+            self.history.before_change(caller, &rel, Some(is_dir))?;
+            self.note_rules_dependency(&mut admission.rules_touched, rel, false);
+        }
+        Ok(EntryPermit {
+            _admission: admission,
+            dir: parent.fd()?,
+            name,
+            is_dir,
+        })
+    }
+
+    /// Backs up both names of a rename(2) with `flags` (RENAME_EXCHANGE, RENAME_NOREPLACE,
+    /// RENAME_WHITEOUT), then returns the permit.
+    pub fn rename_permit<'g>(
+        &'g self,
+        caller: &Caller,
+        (parent, name): (&'g Inode, &'g CStr),
+        (new_parent, new_name): (&'g Inode, &'g CStr),
+        flags: u32,
+    ) -> io::Result<RenamePermit<'g>> {
+        let mut admission = self.admit();
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let from = self.rel_child(parent, name)?;
+        let to = self.rel_child(new_parent, new_name)?;
+        if let (Some(from), Some(to)) = (from, to) {
+            debug!(
+                "gate: {} renames {:?} -> {:?}{}",
+                caller,
+                String::from_utf8_lossy(&from),
+                String::from_utf8_lossy(&to),
+                if exchange { " (exchange)" } else { "" }
+            );
+            self.history.before_rename(caller, &from, &to, exchange)?;
+            self.note_rules_dependency(&mut admission.rules_touched, from, true);
+            self.note_rules_dependency(&mut admission.rules_touched, to, true);
+        }
+        Ok(RenamePermit {
+            _admission: admission,
+            dir: parent.fd()?,
+            name,
+            new_dir: new_parent.fd()?,
+            new_name,
+            flags,
+        })
+    }
+
+    /// The permit to write through `file`, a handle on `inode` opened through the gate.
+    /// It needs no backup of its own: the open that made `file` was gated, and a checkpoint
+    /// captures files open for writing. (A `.gitignore` written this way is reported when
+    /// the handle is released.)
+    pub fn write_permit<'g>(
+        &'g self,
+        _caller: &Caller,
+        file: &'g WritableFd,
+        inode: &'g Inode,
+    ) -> io::Result<WritePermit<'g>> {
+        Ok(WritePermit {
+            _admission: self.admit(),
+            file,
+            inode,
         })
     }
 
@@ -243,14 +314,14 @@ impl Gate {
         Ok(Some(prefix))
     }
 
-    fn rel_child(&self, parent: &Inode, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
+    fn rel_child(&self, parent: &Inode, name: &CStr) -> io::Result<Option<Vec<u8>>> {
         let Some(mut rel) = self.rel_path_of(parent)? else {
             return Ok(None);
         };
         if !rel.is_empty() {
             rel.push(b'/');
         }
-        rel.extend_from_slice(sys::name_bytes(name));
+        rel.extend_from_slice(name.to_bytes());
         Ok(Some(rel))
     }
 
@@ -265,66 +336,261 @@ impl Gate {
     }
 }
 
-/// Every syscall that changes SRC. Each takes a [`Permit`] so it cannot be reached without
-/// passing the gate. Keep this module the only place with such calls.
-pub mod mutate {
+/// `via` if it is a handle on `inode` (a setattr names the handle it came through), else
+/// `EBADF`: a permit acts on its own target only.
+fn handle_on<'h>(inode: &Inode, via: Option<&'h FileHandle>) -> io::Result<Option<&'h FileHandle>> {
+    match via {
+        Some(h) if h.inode.ino != inode.ino => Err(errno(libc::EBADF)),
+        other => Ok(other),
+    }
+}
+
+/// Clears `bits` from the mode `inode` has now (a chown may already have cleared some of
+/// them: re-applying the mode seen before it would set them again).
+fn clear_mode_bits(inode: &Inode, bits: u32) -> io::Result<()> {
+    if bits == 0 {
+        return Ok(());
+    }
+    let fd = inode.fd()?;
+    let st = sys::fstat(fd.as_fd())?;
+    syscalls::chmod_object(fd.as_raw_fd(), st.st_mode & 0o7777 & !bits)
+}
+
+impl ObjectPermit<'_> {
+    /// Whether the object is a file the exclusion rules are read from.
+    pub fn touches_rules(&self) -> bool {
+        !self.admission.rules_touched.is_empty()
+    }
+
+    /// chmod; through `via` (a handle on this object) when the request came with one.
+    pub fn chmod(&self, mode: u32, via: Option<&FileHandle>) -> io::Result<()> {
+        match handle_on(self.inode, via)? {
+            Some(h) => syscalls::fchmod(h.fd(), mode),
+            None => syscalls::chmod_object(self.inode.fd()?.as_raw_fd(), mode),
+        }
+    }
+
+    /// chown (`u32::MAX` leaves that id alone), never following a symlink.
+    pub fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
+        syscalls::chown(self.inode.fd()?.as_fd(), uid, gid)
+    }
+
+    /// truncate; through `via` when it is a handle on this object open for writing, else
+    /// through a fresh write-only open.
+    pub fn truncate(&self, size: u64, via: Option<&FileHandle>) -> io::Result<()> {
+        if let Some(w) = handle_on(self.inode, via)?.and_then(FileHandle::writable) {
+            return syscalls::ftruncate(w.0.as_fd(), size);
+        }
+        if !self.inode.is_regular() {
+            return Err(errno(if self.inode.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::EINVAL
+            }));
+        }
+        let fd = syscalls::reopen(self.inode.fd()?.as_raw_fd(), libc::O_WRONLY)?;
+        syscalls::ftruncate(fd.as_fd(), size)
+    }
+
+    /// utimensat (atime, mtime); through `via` when the request came with a handle.
+    pub fn set_times(
+        &self,
+        times: &[libc::timespec; 2],
+        via: Option<&FileHandle>,
+    ) -> io::Result<()> {
+        match handle_on(self.inode, via)? {
+            Some(h) => syscalls::futimens(h.fd(), times),
+            None => syscalls::utimens_object(self.inode.fd()?.as_raw_fd(), times),
+        }
+    }
+
+    /// Clears set-id `bits` the kernel left to us to drop (see `fs::privs`).
+    pub fn clear_mode_bits(&self, bits: u32) -> io::Result<()> {
+        clear_mode_bits(self.inode, bits)
+    }
+
+    pub fn setxattr(&self, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+        self.inode
+            .with_xattr_path(|at| syscalls::setxattr(at, name, value, flags))
+    }
+
+    pub fn removexattr(&self, name: &CStr) -> io::Result<()> {
+        self.inode
+            .with_xattr_path(|at| syscalls::removexattr(at, name))
+    }
+
+    /// Opens the object with `flags` that can write or truncate (no O_CREAT: it exists).
+    pub fn open_for_writing(&self, flags: i32) -> io::Result<WritableFd> {
+        syscalls::reopen(self.inode.fd()?.as_raw_fd(), flags).map(WritableFd)
+    }
+}
+
+impl EntryPermit<'_> {
+    /// Whether the new name is a file the exclusion rules are read from.
+    pub fn touches_rules(&self) -> bool {
+        !self._admission.rules_touched.is_empty()
+    }
+
+    /// The directory the entry is in, for looking at what is there now.
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
+    fn expect_dir(&self, is_dir: bool) -> io::Result<()> {
+        if self.is_dir == is_dir {
+            return Ok(());
+        }
+        Err(io::Error::other(format!(
+            "gate: the permit for {:?} was issued for a {}",
+            self.name,
+            if self.is_dir {
+                "directory"
+            } else {
+                "non-directory"
+            }
+        )))
+    }
+
+    /// Creates the entry as a regular file and opens it with `flags` (O_CREAT added).
+    pub fn create(&self, flags: i32, mode: u32) -> io::Result<WritableFd> {
+        self.expect_dir(false)?;
+        syscalls::openat(self.dir(), self.name, flags | libc::O_CREAT, mode).map(WritableFd)
+    }
+
+    pub fn mkdir(&self, mode: u32) -> io::Result<()> {
+        self.expect_dir(true)?;
+        syscalls::mkdirat(self.dir(), self.name, mode)
+    }
+
+    pub fn mknod(&self, mode: u32, rdev: u64) -> io::Result<()> {
+        self.expect_dir(false)?;
+        syscalls::mknodat(self.dir(), self.name, mode, rdev)
+    }
+
+    pub fn symlink(&self, target: &CStr) -> io::Result<()> {
+        self.expect_dir(false)?;
+        syscalls::symlinkat(target, self.dir(), self.name)
+    }
+
+    /// Makes the entry a new hard link to `existing`.
+    pub fn link(&self, existing: &Inode) -> io::Result<()> {
+        self.expect_dir(false)?;
+        syscalls::linkat(existing.fd()?.as_raw_fd(), self.dir(), self.name)
+    }
+
+    /// unlink, or rmdir for a permit issued for a directory.
+    pub fn remove(&self) -> io::Result<()> {
+        let flags = if self.is_dir { libc::AT_REMOVEDIR } else { 0 };
+        syscalls::unlinkat(self.dir(), self.name, flags)
+    }
+}
+
+impl RenamePermit<'_> {
+    /// The source and target directories, for looking at what is there now.
+    pub fn dirs(&self) -> (BorrowedFd<'_>, BorrowedFd<'_>) {
+        (self.dir.as_fd(), self.new_dir.as_fd())
+    }
+
+    /// The rename the permit was issued for, with its flags.
+    pub fn rename(&self) -> io::Result<()> {
+        syscalls::renameat2(
+            self.dir.as_fd(),
+            self.name,
+            self.new_dir.as_fd(),
+            self.new_name,
+            self.flags,
+        )
+    }
+}
+
+impl WritePermit<'_> {
+    pub fn pwrite(&self, data: &[u8], offset: u64) -> io::Result<usize> {
+        syscalls::pwrite(self.file.0.as_fd(), data, offset)
+    }
+
+    pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+        syscalls::fallocate(self.file.0.as_fd(), mode, offset, len)
+    }
+
+    /// copy_file_range from `source` (any readable fd) into this handle's file.
+    pub fn copy_from(
+        &self,
+        source: BorrowedFd<'_>,
+        (off_in, off_out): (u64, u64),
+        len: u64,
+        flags: u32,
+    ) -> io::Result<usize> {
+        syscalls::copy_file_range(source, off_in, self.file.0.as_fd(), off_out, len, flags)
+    }
+
+    /// Clears set-id `bits` a write must drop (see `fs::privs`).
+    pub fn clear_mode_bits(&self, bits: u32) -> io::Result<()> {
+        clear_mode_bits(self.inode, bits)
+    }
+}
+
+/// Every syscall that can change SRC, for the permits' methods above and nothing else: the
+/// module is private, and clippy.toml refuses these calls everywhere but here.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the gate's own syscalls: reachable only through a permit's methods"
+)]
+mod syscalls {
     use std::ffi::CStr;
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-    use super::Permit;
-    use crate::sys::{XattrPath, cvt, proc_reopen, with_proc_path};
+    use crate::sys::{XattrPath, cvt, with_proc_path};
 
     /// Opens (maybe creating) `name` in `dir` with flags that can write.
-    pub fn openat(
-        _: &Permit<'_>,
-        dir: BorrowedFd<'_>,
-        name: &CStr,
-        flags: i32,
-        mode: u32,
-    ) -> io::Result<OwnedFd> {
-        crate::sys::openat(dir, name, flags, mode)
+    pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+        // SAFETY: valid fd and NUL-terminated name; the returned fd is owned by nobody else.
+        let fd = cvt(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                mode,
+            )
+        })?;
+        // SAFETY: `fd` was just returned by openat and is not owned elsewhere.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// Re-opens an O_PATH fd with flags that can write or truncate.
-    pub fn reopen(_: &Permit<'_>, fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
-        proc_reopen(fd, flags)
+    /// Re-opens an O_PATH fd through /proc/self/fd with flags that can write or truncate.
+    pub fn reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+        let flags = (flags | libc::O_CLOEXEC) & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL);
+        with_proc_path(fd, |path| {
+            // SAFETY: `path` is NUL-terminated; the returned fd is owned by nobody else.
+            let new = cvt(unsafe { libc::open(path.as_ptr(), flags) })?;
+            // SAFETY: `new` was just returned by open and is not owned elsewhere.
+            Ok(unsafe { OwnedFd::from_raw_fd(new) })
+        })
     }
 
-    pub fn mkdirat(_: &Permit<'_>, dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
-        // SAFETY: valid fd and C string.
+    pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+        // SAFETY: valid fd and NUL-terminated name.
         cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })?;
         Ok(())
     }
 
-    pub fn mknodat(
-        _: &Permit<'_>,
-        dir: BorrowedFd<'_>,
-        name: &CStr,
-        mode: u32,
-        rdev: u64,
-    ) -> io::Result<()> {
-        // SAFETY: valid fd and C string.
+    pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+        // SAFETY: valid fd and NUL-terminated name.
         cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, rdev) })?;
         Ok(())
     }
 
-    pub fn symlinkat(
-        _: &Permit<'_>,
-        target: &CStr,
-        dir: BorrowedFd<'_>,
-        name: &CStr,
-    ) -> io::Result<()> {
-        // SAFETY: valid fd and C strings.
+    pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+        // SAFETY: valid fd and NUL-terminated strings.
         cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
         Ok(())
     }
 
     /// Hard-links the object behind an O_PATH fd (AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH,
     /// which root has; the /proc link form with AT_SYMLINK_FOLLOW works for everyone).
-    pub fn linkat(_: &Permit<'_>, fd: RawFd, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    pub fn linkat(fd: RawFd, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
         with_proc_path(fd, |p| {
-            // SAFETY: valid C strings and fds.
+            // SAFETY: valid fds and NUL-terminated strings.
             cvt(unsafe {
                 libc::linkat(
                     libc::AT_FDCWD,
@@ -338,26 +604,20 @@ pub mod mutate {
         })
     }
 
-    pub fn unlinkat(
-        _: &Permit<'_>,
-        dir: BorrowedFd<'_>,
-        name: &CStr,
-        flags: i32,
-    ) -> io::Result<()> {
-        // SAFETY: valid fd and C string.
+    pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
+        // SAFETY: valid fd and NUL-terminated name.
         cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })?;
         Ok(())
     }
 
     pub fn renameat2(
-        _: &Permit<'_>,
         dir: BorrowedFd<'_>,
         name: &CStr,
         new_dir: BorrowedFd<'_>,
         new_name: &CStr,
         flags: u32,
     ) -> io::Result<()> {
-        // SAFETY: valid fds and C strings.
+        // SAFETY: valid fds and NUL-terminated names.
         cvt(unsafe {
             libc::renameat2(
                 dir.as_raw_fd(),
@@ -371,22 +631,22 @@ pub mod mutate {
     }
 
     /// chmod of the object behind an O_PATH fd (never a symlink: Linux has no lchmod).
-    pub fn chmod(_: &Permit<'_>, fd: RawFd, mode: u32) -> io::Result<()> {
+    pub fn chmod_object(fd: RawFd, mode: u32) -> io::Result<()> {
         with_proc_path(fd, |p| {
-            // SAFETY: valid C string; the /proc link resolves to the object itself.
+            // SAFETY: NUL-terminated path; the /proc link resolves to the object itself.
             cvt(unsafe { libc::chmod(p.as_ptr(), mode) })?;
             Ok(())
         })
     }
 
-    pub fn fchmod(_: &Permit<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
         // SAFETY: valid fd.
         cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode) })?;
         Ok(())
     }
 
     /// chown of the object behind an O_PATH fd, never following a symlink.
-    pub fn chown(_: &Permit<'_>, fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    pub fn chown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
         // SAFETY: valid fd, empty path with AT_EMPTY_PATH.
         cvt(unsafe {
             libc::fchownat(
@@ -400,39 +660,31 @@ pub mod mutate {
         Ok(())
     }
 
-    pub fn ftruncate(_: &Permit<'_>, fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+        let size = i64::try_from(size).map_err(|_| crate::sys::errno(libc::EFBIG))?;
         // SAFETY: valid fd.
-        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) })?;
+        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size) })?;
         Ok(())
     }
 
-    /// utimensat on the object behind an O_PATH fd (symlinks included, via AT_EMPTY_PATH).
-    pub fn utimens(_: &Permit<'_>, fd: RawFd, times: &[libc::timespec; 2]) -> io::Result<()> {
+    /// utimensat on the object behind an O_PATH fd, through its /proc link.
+    pub fn utimens_object(fd: RawFd, times: &[libc::timespec; 2]) -> io::Result<()> {
         with_proc_path(fd, |p| {
-            // SAFETY: valid C string and times array; for symlinks the proc link must not be
-            // followed, for everything else it must.
+            // SAFETY: NUL-terminated path and a times array of two; the /proc link is
+            // followed to the object itself.
             cvt(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) })?;
             Ok(())
         })
     }
 
-    pub fn futimens(
-        _: &Permit<'_>,
-        fd: BorrowedFd<'_>,
-        times: &[libc::timespec; 2],
-    ) -> io::Result<()> {
-        // SAFETY: valid fd and times array.
+    pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> io::Result<()> {
+        // SAFETY: valid fd and a times array of two.
         cvt(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) })?;
         Ok(())
     }
 
-    pub fn pwrite(
-        _: &Permit<'_>,
-        fd: BorrowedFd<'_>,
-        data: &[u8],
-        offset: u64,
-    ) -> io::Result<usize> {
-        // SAFETY: data is readable for its length.
+    pub fn pwrite(fd: BorrowedFd<'_>, data: &[u8], offset: u64) -> io::Result<usize> {
+        // SAFETY: `data` is readable for its length.
         let n = cvt(unsafe {
             libc::pwrite(
                 fd.as_raw_fd(),
@@ -444,20 +696,13 @@ pub mod mutate {
         Ok(n as usize)
     }
 
-    pub fn fallocate(
-        _: &Permit<'_>,
-        fd: BorrowedFd<'_>,
-        mode: i32,
-        offset: u64,
-        len: u64,
-    ) -> io::Result<()> {
+    pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
         // SAFETY: valid fd.
         cvt(unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset as i64, len as i64) })?;
         Ok(())
     }
 
     pub fn copy_file_range(
-        _: &Permit<'_>,
         fd_in: BorrowedFd<'_>,
         off_in: u64,
         fd_out: BorrowedFd<'_>,
@@ -467,7 +712,7 @@ pub mod mutate {
     ) -> io::Result<usize> {
         let mut off_in = off_in as i64;
         let mut off_out = off_out as i64;
-        // SAFETY: valid fds and offset pointers.
+        // SAFETY: valid fds and pointers to two live offsets.
         let n = cvt(unsafe {
             libc::copy_file_range(
                 fd_in.as_raw_fd(),
@@ -481,15 +726,9 @@ pub mod mutate {
         Ok(n as usize)
     }
 
-    pub fn setxattr(
-        _: &Permit<'_>,
-        at: &XattrPath,
-        name: &CStr,
-        value: &[u8],
-        flags: i32,
-    ) -> io::Result<()> {
+    pub fn setxattr(at: &XattrPath, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
         let (value_ptr, len) = (value.as_ptr().cast(), value.len());
-        // SAFETY: the path and name are C strings; value is readable for its length.
+        // SAFETY: the path and name are NUL-terminated; `value` is readable for its length.
         cvt(unsafe {
             if at.nofollow {
                 libc::lsetxattr(at.as_ptr(), name.as_ptr(), value_ptr, len, flags)
@@ -500,8 +739,8 @@ pub mod mutate {
         Ok(())
     }
 
-    pub fn removexattr(_: &Permit<'_>, at: &XattrPath, name: &CStr) -> io::Result<()> {
-        // SAFETY: the path and name are C strings.
+    pub fn removexattr(at: &XattrPath, name: &CStr) -> io::Result<()> {
+        // SAFETY: the path and name are NUL-terminated.
         cvt(unsafe {
             if at.nofollow {
                 libc::lremovexattr(at.as_ptr(), name.as_ptr())
@@ -510,12 +749,5 @@ pub mod mutate {
             }
         })?;
         Ok(())
-    }
-
-    /// Opens a fresh O_PATH fd for a name just created (no mutation, but it belongs to the
-    /// create sequence and keeps `OwnedFd::from_raw_fd` out of the core).
-    pub fn adopt(fd: RawFd) -> OwnedFd {
-        // SAFETY: callers pass an fd they own and never use again.
-        unsafe { OwnedFd::from_raw_fd(fd) }
     }
 }

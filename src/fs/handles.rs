@@ -4,23 +4,66 @@
 //! is unlinked or renamed. Writable handles are what a checkpoint must capture eagerly:
 //! data can change through them (with kernel passthrough, without the daemon seeing it).
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use fuser::BackingId;
 
+use super::gate::WritableFd;
 use super::inodes::{Inode, Pin};
 use crate::sys::DirStream;
 
+/// The fd of an open file: a write-capable one only as the gate made it.
+pub enum HandleFd {
+    ReadOnly(OwnedFd),
+    Writable(WritableFd),
+}
+
 pub struct FileHandle {
-    pub fd: OwnedFd,
+    fd: HandleFd,
     pub inode: Arc<Inode>,
     /// Keeps the inode's O_PATH fd cached while the handle is open (inodes invariant 6).
     pub _pin: Pin,
-    pub writable: bool,
     /// Kept alive while the handle is open (see `Inode::backing`).
     pub backing: Option<Arc<BackingId>>,
+}
+
+impl FileHandle {
+    pub fn new(
+        fd: HandleFd,
+        inode: Arc<Inode>,
+        pin: Pin,
+        backing: Option<Arc<BackingId>>,
+    ) -> FileHandle {
+        FileHandle {
+            fd,
+            inode,
+            _pin: pin,
+            backing,
+        }
+    }
+
+    /// For reading, stat, lseek, fsync: nothing that writes.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        match &self.fd {
+            HandleFd::ReadOnly(fd) => fd.as_fd(),
+            HandleFd::Writable(fd) => fd.as_fd(),
+        }
+    }
+
+    /// The gated write-capable fd, if the handle was opened for writing: what a
+    /// [`super::gate::WritePermit`] is issued for.
+    pub fn writable(&self) -> Option<&WritableFd> {
+        match &self.fd {
+            HandleFd::ReadOnly(_) => None,
+            HandleFd::Writable(fd) => Some(fd),
+        }
+    }
+
+    pub fn is_writable(&self) -> bool {
+        self.writable().is_some()
+    }
 }
 
 pub struct DirHandle {
@@ -79,7 +122,9 @@ impl HandleTable {
         let mut seen = std::collections::HashSet::new();
         map.values()
             .filter_map(|h| match &**h {
-                Handle::File(f) if f.writable && seen.insert(f.inode.ino) => Some(f.inode.clone()),
+                Handle::File(f) if f.is_writable() && seen.insert(f.inode.ino) => {
+                    Some(f.inode.clone())
+                }
                 _ => None,
             })
             .collect()

@@ -46,7 +46,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
@@ -156,6 +156,25 @@ impl Inode {
     }
     pub fn is_regular(&self) -> bool {
         self.file_type == libc::S_IFREG
+    }
+    /// Runs `f` with the path xattr calls reach this object by (see [`sys::XattrPath`]):
+    /// its own O_PATH fd's proc link, or for a symlink its name in its parent, checked to
+    /// still be this object (ESTALE if not).
+    pub fn with_xattr_path<R>(
+        &self,
+        f: impl FnOnce(&sys::XattrPath) -> io::Result<R>,
+    ) -> io::Result<R> {
+        if !self.is_symlink() {
+            return f(&sys::XattrPath::of_fd(self.fd()?.as_raw_fd()));
+        }
+        let (parent, name) = self.origin().ok_or_else(|| errno(libc::ESTALE))?;
+        let dir = parent.fd()?;
+        let st = sys::fstatat(dir.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
+            .map_err(|_| errno(libc::ESTALE))?;
+        if ObjectKey::of(&st) != self.key {
+            return Err(errno(libc::ESTALE));
+        }
+        f(&sys::XattrPath::in_dir(dir.as_raw_fd(), &name))
     }
 
     /// The O_PATH fd of the object, reopened if it was given back. Hold the returned `Arc`

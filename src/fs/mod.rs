@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, FileAttr, FileType, INodeNo, TimeOrNow};
 use log::{info, warn};
 
-use self::gate::{Change, Gate, mutate};
-use self::handles::{DirHandle, FileHandle, Handle, HandleTable};
+use self::gate::Gate;
+use self::handles::{DirHandle, FileHandle, Handle, HandleFd, HandleTable};
 use self::inodes::{Inode, InodeTable, ROOT_INO};
 use crate::history::{CONTROL_DIR_NAME, Caller, History};
 use crate::sys::{self, FsCredsGuard, errno, with_name};
@@ -303,7 +303,7 @@ impl PassthroughFs {
         let inode = self.inode(ino)?;
         let st = match fh.and_then(|fh| self.handles.get(fh)) {
             Some(h) => match &*h {
-                Handle::File(f) => sys::fstat(f.fd.as_fd())?,
+                Handle::File(f) => sys::fstat(f.fd())?,
                 Handle::Dir(_) => sys::fstat(inode.fd()?.as_fd())?,
             },
             None => sys::fstat(inode.fd()?.as_fd())?,
@@ -329,7 +329,7 @@ impl PassthroughFs {
             Some(Handle::File(f)) => Some(f),
             _ => None,
         };
-        let permit = self.gate.permit(caller, Change::Object(&inode))?;
+        let permit = self.gate.object_permit(caller, &inode)?;
         // Privilege dropping the kernel left to us (see `privs`), judged on the mode
         // before the change, as the VFS does.
         let to_drop = if set.mode.is_some() {
@@ -342,40 +342,19 @@ impl PassthroughFs {
             0
         };
         if let Some(mode) = set.mode {
-            match handle_fd {
-                Some(f) => mutate::fchmod(&permit, f.fd.as_fd(), mode)?,
-                None => mutate::chmod(&permit, inode.fd()?.as_raw_fd(), mode)?,
-            }
+            permit.chmod(mode, handle_fd)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
-            let uid = set.uid.unwrap_or(u32::MAX);
-            let gid = set.gid.unwrap_or(u32::MAX);
-            mutate::chown(&permit, inode.fd()?.as_fd(), uid, gid)?;
+            permit.chown(set.uid.unwrap_or(u32::MAX), set.gid.unwrap_or(u32::MAX))?;
         }
         if let Some(size) = set.size {
-            match handle_fd {
-                Some(f) if f.writable => mutate::ftruncate(&permit, f.fd.as_fd(), size)?,
-                _ => {
-                    if !inode.is_regular() {
-                        return Err(errno(if inode.is_dir() {
-                            libc::EISDIR
-                        } else {
-                            libc::EINVAL
-                        }));
-                    }
-                    let fd = mutate::reopen(&permit, inode.fd()?.as_raw_fd(), libc::O_WRONLY)?;
-                    mutate::ftruncate(&permit, fd.as_fd(), size)?;
-                }
-            }
+            permit.truncate(size, handle_fd)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
             let times = [timespec_of(set.atime), timespec_of(set.mtime)];
-            match handle_fd {
-                Some(f) => mutate::futimens(&permit, f.fd.as_fd(), &times)?,
-                None => mutate::utimens(&permit, inode.fd()?.as_raw_fd(), &times)?,
-            }
+            permit.set_times(&times, handle_fd)?;
         }
-        Self::drop_privs(&permit, &inode, to_drop)?;
+        permit.clear_mode_bits(to_drop)?;
         drop(permit);
         let st = sys::fstat(inode.fd()?.as_fd())?;
         Ok((attr_from_stat(ino, &st), TTL))
@@ -394,16 +373,6 @@ impl PassthroughFs {
             return Ok(0);
         }
         Ok(rule(st.st_mode, st.st_gid, &privs::Privilege::of(caller)))
-    }
-
-    /// Clears `bits` from the mode `inode` has now (a chown may already have cleared some
-    /// of them: re-applying the mode seen before it would set them again).
-    fn drop_privs(permit: &gate::Permit<'_>, inode: &Inode, bits: u32) -> io::Result<()> {
-        if bits == 0 {
-            return Ok(());
-        }
-        let st = sys::fstat(inode.fd()?.as_fd())?;
-        mutate::chmod(permit, inode.fd()?.as_raw_fd(), st.st_mode & 0o7777 & !bits)
     }
 
     pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
@@ -432,10 +401,8 @@ impl PassthroughFs {
         umask: u32,
         rdev: u32,
     ) -> io::Result<Entry> {
-        self.create_entry(caller, parent, name, false, &|permit, dir, c| {
-            sys::with_umask(umask, mode, |mode| {
-                mutate::mknodat(permit, dir, c, mode, u64::from(rdev))
-            })
+        self.create_entry(caller, parent, name, false, &|permit| {
+            sys::with_umask(umask, mode, |mode| permit.mknod(mode, u64::from(rdev)))
         })
     }
 
@@ -447,8 +414,8 @@ impl PassthroughFs {
         mode: u32,
         umask: u32,
     ) -> io::Result<Entry> {
-        self.create_entry(caller, parent, name, true, &|permit, dir, c| {
-            sys::with_umask(umask, mode, |mode| mutate::mkdirat(permit, dir, c, mode))
+        self.create_entry(caller, parent, name, true, &|permit| {
+            sys::with_umask(umask, mode, |mode| permit.mkdir(mode))
         })
     }
 
@@ -461,8 +428,8 @@ impl PassthroughFs {
     ) -> io::Result<Entry> {
         let target = std::ffi::CString::new(target.as_os_str().as_bytes())
             .map_err(|_| errno(libc::EINVAL))?;
-        self.create_entry(caller, parent, name, false, &|permit, dir, c| {
-            mutate::symlinkat(permit, &target, dir, c)
+        self.create_entry(caller, parent, name, false, &|permit| {
+            permit.symlink(&target)
         })
     }
 
@@ -474,24 +441,15 @@ impl PassthroughFs {
         parent: u64,
         name: &OsStr,
         is_dir: bool,
-        make: &dyn Fn(&gate::Permit<'_>, BorrowedFd<'_>, &std::ffi::CStr) -> io::Result<()>,
+        make: &dyn Fn(&gate::EntryPermit<'_>) -> io::Result<()>,
     ) -> io::Result<Entry> {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let permit = self.gate.permit(
-                caller,
-                Change::Entry {
-                    parent: &parent,
-                    name,
-                    is_dir,
-                },
-            )?;
-            // Reopened (if need be) as the daemon, not as the caller.
-            let dir = parent.fd()?;
+            let permit = self.gate.entry_permit(caller, &parent, c, is_dir)?;
             {
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
-                make(&permit, dir.as_fd(), c)?;
+                make(&permit)?;
             }
             drop(permit);
             self.lookup_in(&parent, name)
@@ -512,20 +470,8 @@ impl PassthroughFs {
         let new_parent = self.real_parent(new_parent)?;
         Self::refuse_control_name(&new_parent, new_name)?;
         with_name(new_name, |c| {
-            let permit = self.gate.permit(
-                caller,
-                Change::Entry {
-                    parent: &new_parent,
-                    name: new_name,
-                    is_dir: false,
-                },
-            )?;
-            mutate::linkat(
-                &permit,
-                inode.fd()?.as_raw_fd(),
-                new_parent.fd()?.as_fd(),
-                c,
-            )?;
+            let permit = self.gate.entry_permit(caller, &new_parent, c, false)?;
+            permit.link(&inode)?;
             drop(permit);
             self.lookup_in(&new_parent, new_name)
         })
@@ -543,21 +489,14 @@ impl PassthroughFs {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let permit = self.gate.permit(
-                caller,
-                Change::Entry {
-                    parent: &parent,
-                    name,
-                    is_dir: flags & libc::AT_REMOVEDIR != 0,
-                },
-            )?;
-            let dir = parent.fd()?;
+            let is_dir = flags & libc::AT_REMOVEDIR != 0;
+            let permit = self.gate.entry_permit(caller, &parent, c, is_dir)?;
             if self.inodes.tracks_names()
-                && let Ok(st) = sys::fstatat(dir.as_fd(), c, libc::AT_SYMLINK_NOFOLLOW)
+                && let Ok(st) = sys::fstatat(permit.dir(), c, libc::AT_SYMLINK_NOFOLLOW)
             {
                 self.inodes.name_going(&st, &parent, c);
             }
-            mutate::unlinkat(&permit, dir.as_fd(), c, flags)
+            permit.remove()
         })
     }
 
@@ -576,20 +515,13 @@ impl PassthroughFs {
         Self::refuse_control_name(&new_parent, new_name)?;
         with_name(name, |from| {
             with_name(new_name, |to| {
-                let permit = self.gate.permit(
-                    caller,
-                    Change::Rename {
-                        parent: &parent,
-                        name,
-                        new_parent: &new_parent,
-                        new_name,
-                        exchange: flags & libc::RENAME_EXCHANGE != 0,
-                    },
-                )?;
-                let (dir, new_dir) = (parent.fd()?, new_parent.fd()?);
-                let stat = |d: &OwnedFd, n| sys::fstatat(d.as_fd(), n, libc::AT_SYMLINK_NOFOLLOW);
+                let permit =
+                    self.gate
+                        .rename_permit(caller, (&parent, from), (&new_parent, to), flags)?;
+                let (dir, new_dir) = permit.dirs();
+                let stat = |d, n| sys::fstatat(d, n, libc::AT_SYMLINK_NOFOLLOW);
                 // The objects involved, for their origins (inodes invariant 4).
-                let (moved, target) = (stat(&dir, from).ok(), stat(&new_dir, to).ok());
+                let (moved, target) = (stat(dir, from).ok(), stat(new_dir, to).ok());
                 let exchange = flags & libc::RENAME_EXCHANGE != 0;
                 if let Some(st) = &target
                     && !exchange
@@ -597,7 +529,7 @@ impl PassthroughFs {
                 {
                     self.inodes.name_going(st, &new_parent, to);
                 }
-                mutate::renameat2(&permit, dir.as_fd(), from, new_dir.as_fd(), to, flags)?;
+                permit.rename()?;
                 if let Some(st) = &moved {
                     self.inodes.renamed(st, &new_parent, to);
                 }
@@ -645,15 +577,17 @@ impl PassthroughFs {
         let path = inode.fd()?;
         let retry = |f: &dyn Fn() -> io::Result<OwnedFd>| self.inodes.retry_on_emfile(f);
         let (fd, writes_rules) = if writable {
-            let permit = self.gate.permit(caller, Change::Object(&inode))?;
-            let fd = retry(&|| mutate::reopen(&permit, path.as_raw_fd(), own))?;
-            (fd, permit.touches_rules())
+            let permit = self.gate.object_permit(caller, &inode)?;
+            let fd = self
+                .inodes
+                .retry_on_emfile(|| permit.open_for_writing(own))?;
+            (HandleFd::Writable(fd), permit.touches_rules())
         } else {
             let fd = retry(&|| sys::reopen_readonly_like(path.as_raw_fd(), own))?;
-            (fd, false)
+            (HandleFd::ReadOnly(fd), false)
         };
         drop(path);
-        self.finish_open(pin, fd, flags, writable, writes_rules, make_backing)
+        self.finish_open(pin, fd, flags, writes_rules, make_backing)
     }
 
     /// `writes_rules`: the gate found the file to be one the exclusion rules are read from
@@ -661,28 +595,31 @@ impl PassthroughFs {
     fn finish_open(
         &self,
         pin: inodes::Pin,
-        fd: OwnedFd,
+        fd: HandleFd,
         flags: i32,
-        writable: bool,
         writes_rules: bool,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<Opened> {
         let inode = pin.inode().clone();
+        let writable = matches!(fd, HandleFd::Writable(_));
         let backing = if inode.is_regular() && self.passthrough_enabled() {
-            self.backing_for(&inode, fd.as_fd(), make_backing)
+            let raw = match &fd {
+                HandleFd::ReadOnly(fd) => fd.as_fd(),
+                HandleFd::Writable(fd) => fd.as_fd(),
+            };
+            self.backing_for(&inode, raw, make_backing)
         } else {
             None
         };
         let passthrough = backing.is_some();
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
         let keep_cache = backing.is_none();
-        let fh = self.handles.insert(Handle::File(FileHandle {
+        let fh = self.handles.insert(Handle::File(FileHandle::new(
             fd,
             inode,
-            _pin: pin,
-            writable,
-            backing: backing.clone(),
-        }));
+            pin,
+            backing.clone(),
+        )));
         Ok(Opened {
             fh,
             backing,
@@ -733,27 +670,17 @@ impl PassthroughFs {
             let own =
                 Self::own_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL) | libc::O_NOFOLLOW;
             let (fd, writes_rules) = {
-                let permit = self.gate.permit(
-                    caller,
-                    Change::Entry {
-                        parent: &parent,
-                        name,
-                        is_dir: false,
-                    },
-                )?;
-                // Reopened (if need be) as the daemon, not as the caller.
-                let dir = parent.fd()?;
+                let permit = self.gate.entry_permit(caller, &parent, c, false)?;
                 let _creds = FsCredsGuard::switch(caller.uid, caller.gid);
                 let fd = self.inodes.retry_on_emfile(|| {
-                    sys::with_umask(umask, mode, |mode| {
-                        mutate::openat(&permit, dir.as_fd(), c, own, mode)
-                    })
+                    sys::with_umask(umask, mode, |mode| permit.create(own, mode))
                 })?;
                 (fd, permit.touches_rules())
             };
             let entry = self.adopt_created(fd.as_fd(), &parent, c)?;
             let pin = self.inode(entry.attr.ino.0)?.pin();
-            let opened = self.finish_open(pin, fd, flags, true, writes_rules, make_backing)?;
+            let fd = HandleFd::Writable(fd);
+            let opened = self.finish_open(pin, fd, flags, writes_rules, make_backing)?;
             Ok((entry, opened))
         })
     }
@@ -776,7 +703,7 @@ impl PassthroughFs {
         out.resize(size as usize, 0);
         let mut filled = 0;
         while filled < out.len() {
-            let n = sys::pread(f.fd.as_fd(), &mut out[filled..], offset + filled as u64)?;
+            let n = sys::pread(f.fd(), &mut out[filled..], offset + filled as u64)?;
             if n == 0 {
                 break;
             }
@@ -806,19 +733,15 @@ impl PassthroughFs {
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));
         };
-        let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
+        let file = f.writable().ok_or_else(|| errno(libc::EBADF))?;
+        let permit = self.gate.write_permit(caller, file, &f.inode)?;
         if kill_suidgid {
             let to_drop = self.privs_to_drop(caller, &f.inode, privs::to_drop_on_write)?;
-            Self::drop_privs(&permit, &f.inode, to_drop)?;
+            permit.clear_mode_bits(to_drop)?;
         }
         let mut written = 0;
         while written < data.len() {
-            let n = mutate::pwrite(
-                &permit,
-                f.fd.as_fd(),
-                &data[written..],
-                offset + written as u64,
-            )?;
+            let n = permit.pwrite(&data[written..], offset + written as u64)?;
             if n == 0 {
                 break;
             }
@@ -845,14 +768,14 @@ impl PassthroughFs {
             return Ok(false);
         };
         self.written_file_closed(&handle);
-        Ok(matches!(&*handle, Handle::File(f) if f.writable && f.backing.is_some()))
+        Ok(matches!(&*handle, Handle::File(f) if f.is_writable() && f.backing.is_some()))
     }
 
     /// Data written through a handle is final once it is closed: that is when a written
     /// `.gitignore` changes the exclusion rules (its open only announced the change).
     fn written_file_closed(&self, handle: &Handle) {
         if let Handle::File(f) = handle
-            && f.writable
+            && f.is_writable()
             && let Some(rel) = self.rules_file(&f.inode)
         {
             self.gate.history().exclusion_rules_changed(&rel);
@@ -888,7 +811,7 @@ impl PassthroughFs {
             return Ok(());
         }
         match &*self.file_handle(fh)? {
-            Handle::File(f) => sys::fsync(f.fd.as_fd(), datasync),
+            Handle::File(f) => sys::fsync(f.fd(), datasync),
             Handle::Dir(d) => {
                 let stream = d.stream.lock().unwrap_or_else(|p| p.into_inner());
                 // SAFETY: the stream's fd stays open while we hold the lock.
@@ -909,8 +832,9 @@ impl PassthroughFs {
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));
         };
-        let permit = self.gate.permit(caller, Change::WriteThrough(&f.inode))?;
-        mutate::fallocate(&permit, f.fd.as_fd(), mode, offset, length)
+        let file = f.writable().ok_or_else(|| errno(libc::EBADF))?;
+        let permit = self.gate.write_permit(caller, file, &f.inode)?;
+        permit.fallocate(mode, offset, length)
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
@@ -921,7 +845,7 @@ impl PassthroughFs {
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));
         };
-        sys::lseek(f.fd.as_fd(), offset, whence)
+        sys::lseek(f.fd(), offset, whence)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -940,20 +864,11 @@ impl PassthroughFs {
         let (Handle::File(fin), Handle::File(fout)) = (&*h_in, &*h_out) else {
             return Err(errno(libc::EISDIR));
         };
-        let permit = self
-            .gate
-            .permit(caller, Change::WriteThrough(&fout.inode))?;
+        let file = fout.writable().ok_or_else(|| errno(libc::EBADF))?;
+        let permit = self.gate.write_permit(caller, file, &fout.inode)?;
         // The reply carries a u32 count; ask for no more than fits.
         let len = len.min(u64::from(!0xfffu32));
-        let n = mutate::copy_file_range(
-            &permit,
-            fin.fd.as_fd(),
-            offset_in,
-            fout.fd.as_fd(),
-            offset_out,
-            len,
-            flags,
-        )?;
+        let n = permit.copy_from(fin.fd(), (offset_in, offset_out), len, flags)?;
         Ok(n as u32)
     }
 
@@ -1111,24 +1026,6 @@ impl PassthroughFs {
     /// 4), accepted only if the object there is this entry's (`(st_dev, st_ino)` checked
     /// just before; a rename racing that check is the window left, since no fd-based xattr
     /// call takes a symlink); otherwise ESTALE, as a failed reopen would be.
-    fn with_xattr_path<R>(
-        &self,
-        inode: &Inode,
-        f: impl FnOnce(&sys::XattrPath) -> io::Result<R>,
-    ) -> io::Result<R> {
-        if !inode.is_symlink() {
-            return f(&sys::XattrPath::of_fd(inode.fd()?.as_raw_fd()));
-        }
-        let (parent, name) = inode.origin().ok_or_else(|| errno(libc::ESTALE))?;
-        let dir = parent.fd()?;
-        let st = sys::fstatat(dir.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
-            .map_err(|_| errno(libc::ESTALE))?;
-        if inodes::ObjectKey::of(&st) != inode.key {
-            return Err(errno(libc::ESTALE));
-        }
-        f(&sys::XattrPath::in_dir(dir.as_raw_fd(), &name))
-    }
-
     fn xattr_name(name: &OsStr) -> io::Result<std::ffi::CString> {
         std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))
     }
@@ -1139,7 +1036,7 @@ impl PassthroughFs {
         }
         let inode = self.inode(ino)?;
         let name = Self::xattr_name(name)?;
-        self.with_xattr_path(&inode, |at| sys::getxattr(at, &name, buf))
+        inode.with_xattr_path(|at| sys::getxattr(at, &name, buf))
     }
 
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
@@ -1147,7 +1044,7 @@ impl PassthroughFs {
             return Ok(0);
         }
         let inode = self.inode(ino)?;
-        self.with_xattr_path(&inode, |at| sys::listxattr(at, buf))
+        inode.with_xattr_path(|at| sys::listxattr(at, buf))
     }
 
     pub fn setxattr(
@@ -1163,14 +1060,12 @@ impl PassthroughFs {
         }
         let inode = self.inode(ino)?;
         let name = Self::xattr_name(name)?;
-        let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        self.with_xattr_path(&inode, |at| {
-            mutate::setxattr(&permit, at, &name, value, flags)
-        })?;
+        let permit = self.gate.object_permit(caller, &inode)?;
+        permit.setxattr(&name, value, flags)?;
         // SRC's filesystem has set the mode from the ACL, judging the daemon's privilege.
         if name.as_bytes() == b"system.posix_acl_access" {
             let to_drop = self.privs_to_drop(caller, &inode, privs::to_drop_on_acl)?;
-            Self::drop_privs(&permit, &inode, to_drop)?;
+            permit.clear_mode_bits(to_drop)?;
         }
         Ok(())
     }
@@ -1181,8 +1076,8 @@ impl PassthroughFs {
         }
         let inode = self.inode(ino)?;
         let name = Self::xattr_name(name)?;
-        let permit = self.gate.permit(caller, Change::Object(&inode))?;
-        self.with_xattr_path(&inode, |at| mutate::removexattr(&permit, at, &name))
+        let permit = self.gate.object_permit(caller, &inode)?;
+        permit.removexattr(&name)
     }
 
     /// Paths (relative to the mount root) of files currently open for writing: a
@@ -1310,63 +1205,5 @@ fn timespec_of(t: Option<TimeOrNow>) -> libc::timespec {
                 }
             }
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The gate is enforced by types (`Permit`), but a raw libc call would slip past the
-    /// types: keep every SRC-changing syscall of the core in `gate::mutate`.
-    #[test]
-    fn no_mutating_syscall_outside_the_gate() {
-        let mutating = [
-            "libc::unlink",
-            "libc::rename",
-            "libc::mkdir",
-            "libc::mknod",
-            "libc::symlink",
-            "libc::link",
-            "libc::chmod",
-            "libc::fchmod",
-            "libc::chown",
-            "libc::fchown",
-            "libc::truncate",
-            "libc::ftruncate",
-            "libc::utimensat",
-            "libc::futimens",
-            "libc::pwrite",
-            "libc::write",
-            "libc::fallocate",
-            "libc::copy_file_range",
-            "libc::setxattr",
-            "libc::lsetxattr",
-            "libc::removexattr",
-            "libc::lremovexattr",
-        ];
-        let core = [
-            ("fs/mod.rs", include_str!("mod.rs")),
-            ("fs/inodes.rs", include_str!("inodes.rs")),
-            ("fs/handles.rs", include_str!("handles.rs")),
-            ("sys.rs", include_str!("../sys.rs")),
-            ("fs/virt.rs", include_str!("virt.rs")),
-        ];
-        for (file, text) in core {
-            // This test's own list is not a call.
-            let text = text.split("mod tests {").next().unwrap_or(text);
-            for (n, line) in text.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or("");
-                for m in mutating {
-                    // The name itself or a variant of it (`libc::unlinkat`, `libc::renameat2`).
-                    let called = code.match_indices(m).any(|(i, _)| {
-                        code[i + m.len()..].chars().next().is_some_and(|c| {
-                            c == '(' || c == ',' || c.is_ascii_alphanumeric() || c == '_'
-                        })
-                    });
-                    if called {
-                        panic!("src/{file}:{}: `{m}` outside gate::mutate: {line}", n + 1);
-                    }
-                }
-            }
-        }
     }
 }

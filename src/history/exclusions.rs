@@ -569,6 +569,10 @@ fn globs_of(pattern: &str) -> io::Result<Vec<globset::Glob>> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their trees directly"
+)]
 mod tests {
     use super::*;
 

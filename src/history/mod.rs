@@ -41,6 +41,10 @@
 //! one inside the other.
 pub mod agent_state;
 pub mod exclusions;
+#[allow(
+    clippy::disallowed_methods,
+    reason = "removes gc's own leftover temp files in STATE, never SRC"
+)]
 pub mod gc;
 pub mod logdiff;
 mod migrate;
@@ -48,6 +52,10 @@ mod open_files;
 mod process;
 pub mod report;
 pub mod status;
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the backup store in STATE, never SRC"
+)]
 pub mod store;
 mod track;
 mod view;

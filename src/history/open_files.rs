@@ -347,6 +347,10 @@ impl History {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their trees directly"
+)]
 mod tests {
     use super::*;
     use std::io::Write;

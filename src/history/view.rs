@@ -219,6 +219,10 @@ pub(crate) fn join(parent: &str, name: &[u8]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their trees directly"
+)]
 mod tests {
     use crate::history::{HistoryConfig, open_history_readonly};
 
