@@ -10,7 +10,8 @@
 //! read the history as a whole: rewind, log, diff and status hold it shared, gc exclusively,
 //! so a gc never deletes an object a rewind is about to restore nor compacts the transcript
 //! under a log reading it. Checkpoint and flush do not take it.
-//! Lock order: maintenance → the gate's epoch lock → `History::state` (see `history`).
+//! Lock order: maintenance → the history's epoch lock (`history::epoch`) → `History::state`
+//! (see `history`).
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};

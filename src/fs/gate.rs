@@ -19,26 +19,25 @@
 //! `cargo clippy -D warnings`, and one that calls a mutation without its permit does not
 //! compile (tests/gate_compile_fail.rs).
 //!
-//! A permit also holds the *epoch lock* in shared mode for as long as the mutation runs. A
-//! checkpoint takes it exclusively, so a checkpoint never falls between a mutation's backup
-//! and the mutation itself (which would make the checkpoint record the pre-change state
-//! while the change lands unbacked in the next epoch).
+//! A permit also holds the history's *epoch lock* shared ([`MutationAdmitted`]) for as long
+//! as the mutation runs; a checkpoint or gc holds it alone (`History::quiesce`), so a
+//! checkpoint never falls between a mutation's backup and the mutation itself.
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::Arc;
 
 use log::debug;
 
 use super::handles::FileHandle;
 use super::inodes::{Inode, ObjectKey};
-use crate::history::{Caller, History};
+use crate::history::{Caller, History, MutationAdmitted};
 use crate::sys::{self, errno};
 
 /// What every permit holds while its mutation runs: the epoch lock (shared) and the paths
 /// whose change the exclusion rules depend on.
 struct Admission<'g> {
-    _epoch: RwLockReadGuard<'g, ()>,
+    _epoch: MutationAdmitted<'g>,
     history: &'g History,
     /// Changed paths on which the exclusion rules depend (a `.gitignore`, a renamed
     /// directory): reported to the history when the permit is dropped, i.e. once the
@@ -102,8 +101,6 @@ pub struct WritePermit<'g> {
 
 pub struct Gate {
     history: Arc<History>,
-    /// Shared by mutations, exclusive for checkpoints (see the module docs).
-    epoch_lock: RwLock<()>,
     /// SRC as the daemon sees it, to turn fd paths into paths relative to the mount root.
     src_prefix: Vec<u8>,
 }
@@ -112,7 +109,6 @@ impl Gate {
     pub fn new(history: Arc<History>, src_prefix: Vec<u8>) -> Gate {
         Gate {
             history,
-            epoch_lock: RwLock::new(()),
             src_prefix,
         }
     }
@@ -121,21 +117,9 @@ impl Gate {
         &self.history
     }
 
-    /// Runs `f` with every mutation excluded: used to take a consistent checkpoint.
-    pub fn exclusive<R>(&self, f: impl FnOnce() -> R) -> R {
-        let _guard = self
-            .epoch_lock
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        f()
-    }
-
     fn admit(&self) -> Admission<'_> {
         Admission {
-            _epoch: self
-                .epoch_lock
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            _epoch: self.history.admit_mutation(),
             history: &self.history,
             rules_touched: Vec::new(),
         }

@@ -1098,11 +1098,11 @@ impl PassthroughFs {
         // big one does not stall every writer; under the lock only the copies of files
         // written meanwhile are made again (see history::open_files).
         let pre_copies = self.history().precopy_open(&self.paths_open_for_write());
-        self.gate.exclusive(|| {
+        {
+            let quiesced = self.history().quiesce();
             let open_for_write = self.paths_open_for_write();
-            self.history()
-                .make_checkpoint(id, session.clone(), &open_for_write, pre_copies)
-        })?;
+            quiesced.make_checkpoint(id, session.clone(), &open_for_write, pre_copies)?;
+        }
         match &session {
             Some(s) => info!("checkpoint {id} (session {s})"),
             None => info!("checkpoint {id}"),
@@ -1119,8 +1119,7 @@ impl PassthroughFs {
         dry_run: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> io::Result<crate::history::gc::GcReport> {
-        self.gate
-            .exclusive(|| self.history().gc(retention, dry_run, progress))
+        self.history().quiesce().gc(retention, dry_run, progress)
     }
 }
 

@@ -35,8 +35,8 @@
 //! `seq`, so the store journal's records are still covered (ignored at replay).
 //!
 //! # Locks
-//! In the daemon, gc runs with the gate's epoch lock held exclusively (no mutation, so no
-//! Layer 1 capture, and no checkpoint) and with the control server's maintenance lock (no
+//! In the daemon, gc runs as a method of [`super::Quiesced`]: with the epoch lock held
+//! exclusively (no mutation, so no Layer 1 capture, and no checkpoint) and with the control server's maintenance lock (no
 //! rewind, log or diff meanwhile), then takes `History::state` for the rest: from the moment
 //! no fill is in flight (`busy` empty) until the sweep is done, nothing can put an object into
 //! the store, so a put can never "reuse" an object the sweep is deleting.
@@ -409,10 +409,8 @@ pub fn remove_stale_rewrites(state_dir: &Path) -> io::Result<()> {
 }
 
 impl History {
-    /// gc in the daemon, keeping memory and the on-disk transcript in step. The caller must
-    /// hold the gate's epoch lock exclusively and the control maintenance lock (see the
-    /// module docs); `progress(done, total)` follows the sweep.
-    pub fn gc(
+    /// gc in the daemon, for [`super::Quiesced::gc`] (every mutation excluded).
+    pub(super) fn gc_quiesced(
         &self,
         retention: Retention,
         dry_run: bool,

@@ -20,26 +20,27 @@
 //!   one itself (copy-on-write) before letting a change to it proceed, whichever comes first;
 //! - directories, symlinks and absent paths are recorded at once (no data to copy).
 //!
-//! Checkpoints take the gate's epoch lock exclusively, so no mutation is between its backup
-//! and its syscall while the checkpoint is taken.
+//! Checkpoints take the epoch lock exclusively ([`epoch`]: a [`Quiesced`] guard, whose
+//! methods are the checkpoint and gc), so no mutation is between its backup and its syscall
+//! while the checkpoint is taken.
 //!
 //! ## Durability
-//! Layer 1 content is fsync'd in the store (data and directory) before the change proceeds,
-//! and its record is appended to the store's journal (fdatasync'd with it), because the
-//! transcript is written asynchronously by its own thread. Records without new content
-//! (absent paths, directories, "changed again" marks) are written to the journal before the
-//! change proceeds too, so they survive a crash of the daemon; they reach the disk with the
-//! next content backup, checkpoint or clean unmount (see docs/design.md).
+//! A Layer 1 backup (its object and its journal record) is in the page cache before the
+//! change proceeds, so it survives a `kill -9` of the daemon in every mode; when it reaches
+//! the disk depends on `--durability` (strict: one sync on the syscall path; batched, the
+//! default: a syncer thread within its interval; see docs/design.md "Durability,
+//! precisely"). The transcript is written asynchronously by its own thread.
 //!
 //! Lock order: control maintenance lock (gc exclusive; rewind and reports shared) → the
-//! gate's epoch lock (exclusive for checkpoints and gc) → `History::state` → (store,
-//! journal, transcript: leaf locks). Nothing holds `state` while copying file data: a path
+//! epoch lock (exclusive for checkpoints and gc) → `History::state` → (store, journal,
+//! transcript: leaf locks). Nothing holds `state` while copying file data or syncing: a path
 //! being copied is marked busy instead, and other threads wanting that path wait on
 //! `busy_cond`. One exception waits on the transcript writer while holding `state`: gc's
-//! flush and rewrite. That is safe because the writer thread never takes `state`. The exclusion
-//! matchers' caches (`exclusions`) are leaf locks, never taken with `state` held and never
-//! one inside the other.
+//! flush and rewrite. That is safe because the writer thread never takes `state`. The
+//! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
+//! and never one inside the other.
 pub mod agent_state;
+pub mod epoch;
 pub mod exclusions;
 #[allow(
     clippy::disallowed_methods,
@@ -76,6 +77,8 @@ use crate::transcript::writer::TranscriptWriter;
 use exclusions::{ExclusionConfig, Exclusions, Verdict};
 use store::Store;
 
+pub use epoch::{MutationAdmitted, Quiesced};
+pub use open_files::PreCopies;
 pub use view::{ViewContent, ViewEntry};
 
 /// Name of the virtual control directory at the mount root. The passthrough core serves it;
@@ -313,6 +316,9 @@ pub struct History {
     /// Where records go; `None` when the state dir was opened read-only (no daemon).
     recorder: Option<Recorder>,
     exclusions: Exclusions,
+    /// Shared by mutations, exclusive for checkpoints and gc (see [`epoch`]). Lock order:
+    /// the control maintenance lock → `epoch` → `state` → (store, journal, transcript).
+    epoch: std::sync::RwLock<()>,
     state: Mutex<State>,
     busy_cond: Condvar,
     /// (path, version) pairs waiting for the background copier.

@@ -79,13 +79,13 @@ impl ChangeKey {
 
 /// A copy of a file open for writing, and the change key read before it was made.
 #[derive(Debug, Clone)]
-pub(crate) struct OpenCopy {
+pub struct OpenCopy {
     key: ChangeKey,
     state: VersionState,
 }
 
 /// Copies made before a checkpoint, by path (see [`History::precopy_open`]).
-pub(crate) type PreCopies = HashMap<String, OpenCopy>;
+pub type PreCopies = HashMap<String, OpenCopy>;
 
 static PLAIN_COPY_LOGGED: AtomicBool = AtomicBool::new(false);
 static INCONSISTENT_LOGGED: AtomicBool = AtomicBool::new(false);

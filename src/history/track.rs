@@ -205,6 +205,7 @@ fn assemble(
         sync_failing: Default::default(),
         recorder,
         exclusions,
+        epoch: std::sync::RwLock::new(()),
         state: Mutex::new(state),
         busy_cond: Condvar::new(),
         pending: Mutex::new(pending),
@@ -891,10 +892,8 @@ impl History {
         Ok((VersionState::Present { meta, object }, wrote))
     }
 
-    /// Layer 2: takes checkpoint `id` for agent session `session` (`None`: outside any).
-    /// The gate calls this with every mutation excluded and the paths of files open for
-    /// writing.
-    pub(crate) fn make_checkpoint(
+    /// Layer 2, for [`super::Quiesced::make_checkpoint`] (every mutation excluded).
+    pub(super) fn record_checkpoint(
         &self,
         id: &str,
         session: Option<String>,
