@@ -372,6 +372,10 @@ fn serve_connection(
     stream: UnixStream,
 ) -> io::Result<()> {
     if let Err(refusal) = check_peer(fs, &stream) {
+        // Read (and ignore) the request first, within the same bounds as anyone's: closing
+        // with it unread could reset the connection before the client's send, and the client
+        // would never see why it was refused.
+        let _ = read_request(&stream);
         let mut out = serde_json::to_vec(&refusal)?;
         out.push(b'\n');
         return (&stream).write_all(&out);

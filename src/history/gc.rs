@@ -48,8 +48,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use log::{info, warn};
 use serde::{Deserialize, Serialize};
 
+use super::model::{apply_record, backup_of};
 use super::store::Store;
-use super::track::{apply_record, backup_of};
 use super::{Checkpoint, History, State};
 use crate::transcript::journal::{JOURNAL_FILE_NAME, Journal};
 use crate::transcript::record::{FILE_HISTORY_SNAPSHOT, Record};

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use super::State;
-use super::track::apply_record;
+use super::model::apply_record;
 use crate::transcript::record::{FILE_HISTORY_SNAPSHOT, Record};
 
 /// Whether `records` has a checkpoint in the old full form.

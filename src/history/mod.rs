@@ -49,6 +49,7 @@ pub mod exclusions;
 pub mod gc;
 pub mod logdiff;
 mod migrate;
+pub mod model;
 mod open_files;
 mod process;
 pub mod report;
@@ -61,23 +62,23 @@ pub mod store;
 mod track;
 mod view;
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::SystemTime;
 
 use crate::durability::Durability;
 use crate::transcript::journal::Journal;
-use crate::transcript::record::EntryMeta;
 use crate::transcript::writer::TranscriptWriter;
 use exclusions::{ExclusionConfig, Exclusions, Verdict};
 use store::Store;
 
 pub use epoch::{MutationAdmitted, Quiesced};
+pub(crate) use model::{ActorKey, State};
+pub use model::{Checkpoint, PathHistory, Version, VersionState, split_parent};
 pub use open_files::PreCopies;
 pub use view::{ViewContent, ViewEntry};
 
@@ -107,166 +108,6 @@ impl Caller {
 impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "pid {} (uid {})", self.pid, self.uid)
-    }
-}
-
-/// One version of one path.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Version {
-    /// The checkpoint (index) that created this version; `None` for v1, the pre-image.
-    pub since: Option<usize>,
-    pub state: VersionState,
-    pub time: SystemTime,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum VersionState {
-    /// Content still to be copied; the path is unchanged since the checkpoint that made it.
-    Pending,
-    Absent,
-    /// `object`: the store object with the content (files) or the target (symlinks).
-    Present {
-        meta: EntryMeta,
-        object: Option<String>,
-    },
-}
-
-#[derive(Debug, Default)]
-pub struct PathHistory {
-    pub versions: Vec<Version>,
-    /// Changed since the last checkpoint (or open for writing across it).
-    pub dirty: bool,
-    /// Number of checkpoints when the path was first tracked: checkpoint k lists the path
-    /// iff `first_epoch <= k`.
-    pub first_epoch: usize,
-}
-
-impl PathHistory {
-    /// The version number (1-based) holding the state at checkpoint `k`.
-    pub fn version_at(&self, k: usize) -> usize {
-        self.versions
-            .iter()
-            .rposition(|v| v.since.is_some_and(|c| c <= k))
-            .map_or(1, |i| i + 1)
-    }
-
-    fn latest_is_pending(&self) -> bool {
-        matches!(
-            self.versions.last().map(|v| &v.state),
-            Some(VersionState::Pending)
-        )
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Checkpoint {
-    pub id: String,
-    pub time: SystemTime,
-    /// The agent session that took it (see [`Record::session`](crate::transcript::record::Record::session)),
-    /// if one is known.
-    pub session: Option<String>,
-}
-
-#[derive(Default)]
-pub(crate) struct State {
-    pub paths: HashMap<String, PathHistory>,
-    /// The paths with `dirty` set, so that a checkpoint costs O(changed), not O(tracked).
-    /// Changed only through [`State::mark_dirty`] and [`State::clear_dirty`].
-    pub dirty_paths: HashSet<String>,
-    /// parent path → names of its tracked children, for views of directories.
-    pub children: HashMap<String, BTreeSet<String>>,
-    /// Every checkpoint this daemon has known, by index; those before `first_kept` were
-    /// dropped by gc. Indices are never reused or shifted while mounted: views, rewinds and
-    /// versions (`Version::since`) refer to checkpoints by index.
-    pub checkpoints: Vec<Checkpoint>,
-    /// The ids of the kept checkpoints (`first_kept..`) → index.
-    pub checkpoint_ids: HashMap<String, usize>,
-    /// Index of the oldest checkpoint not dropped by gc (0 until a gc in this daemon).
-    pub first_kept: usize,
-    /// gc dropped older checkpoints at some point (a `gcBase` record was replayed, or a gc
-    /// ran): the state before the oldest kept checkpoint is unknown.
-    pub history_dropped: bool,
-    pub next_seq: u64,
-    /// Paths whose content is being copied right now (by the gate or the copier).
-    pub busy: HashSet<String>,
-    /// path → (epoch, the processes/sessions recorded as changing it in that epoch): a
-    /// further changer of a path already changed in this message is recorded once too, so
-    /// `log` names everyone and a session-scoped rewind sees conflicts. An entry of an older
-    /// epoch counts as empty.
-    pub message_actors: HashMap<String, (usize, Vec<ActorKey>)>,
-}
-
-/// Who changed a path, as far as attribution goes: the process and its session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ActorKey {
-    pub pid: u32,
-    pub session: Option<String>,
-}
-
-impl State {
-    /// Notes that `key` changed `rel` in the current epoch; `false` if that was known.
-    fn note_actor(&mut self, rel: &str, key: ActorKey) -> bool {
-        let epoch = self.checkpoints.len();
-        let entry = self
-            .message_actors
-            .entry(rel.to_string())
-            .or_insert_with(|| (epoch, Vec::new()));
-        if entry.0 != epoch {
-            *entry = (epoch, Vec::new());
-        }
-        if entry.1.contains(&key) {
-            return false;
-        }
-        entry.1.push(key);
-        true
-    }
-}
-
-impl State {
-    /// Marks tracked path `rel` changed since the last checkpoint.
-    pub fn mark_dirty(&mut self, rel: &str) {
-        if let Some(h) = self.paths.get_mut(rel) {
-            h.dirty = true;
-            if !self.dirty_paths.contains(rel) {
-                self.dirty_paths.insert(rel.to_owned());
-            }
-        }
-    }
-
-    /// A checkpoint was taken: nothing is changed since it. Returns the paths that were.
-    pub fn clear_dirty(&mut self) -> Vec<String> {
-        let dirty: Vec<String> = self.dirty_paths.drain().collect();
-        for p in &dirty {
-            if let Some(h) = self.paths.get_mut(p) {
-                h.dirty = false;
-            }
-        }
-        dirty
-    }
-
-    /// The checkpoints that were not dropped by gc, oldest first.
-    pub fn kept(&self) -> &[Checkpoint] {
-        &self.checkpoints[self.first_kept.min(self.checkpoints.len())..]
-    }
-
-    fn current_message(&self) -> Option<String> {
-        self.checkpoints.last().map(|c| c.id.clone())
-    }
-
-    fn track_child(&mut self, rel: &str) {
-        let (parent, name) = split_parent(rel);
-        self.children
-            .entry(parent.to_string())
-            .or_default()
-            .insert(name.to_string());
-    }
-}
-
-/// Splits `a/b/c` into (`a/b`, `c`); a top-level name has parent "" (the root).
-pub fn split_parent(rel: &str) -> (&str, &str) {
-    match rel.rfind('/') {
-        Some(i) => (&rel[..i], &rel[i + 1..]),
-        None => ("", rel),
     }
 }
 
@@ -437,39 +278,5 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
     std::str::from_utf8(rel).ok()
 }
 
-pub use track::{open_history, open_history_readonly, replay_for_fuzzing};
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn present() -> VersionState {
-        VersionState::Absent
-    }
-
-    #[test]
-    fn version_at_picks_the_last_version_made_at_or_before_the_checkpoint() {
-        let v = |since| Version {
-            since,
-            state: present(),
-            time: SystemTime::UNIX_EPOCH,
-        };
-        let h = PathHistory {
-            versions: vec![v(None), v(Some(2)), v(Some(5))],
-            dirty: false,
-            first_epoch: 0,
-        };
-        assert_eq!(h.version_at(0), 1);
-        assert_eq!(h.version_at(1), 1);
-        assert_eq!(h.version_at(2), 2);
-        assert_eq!(h.version_at(4), 2);
-        assert_eq!(h.version_at(5), 3);
-        assert_eq!(h.version_at(9), 3);
-    }
-
-    #[test]
-    fn split_parent_handles_top_level_and_nested() {
-        assert_eq!(split_parent("a"), ("", "a"));
-        assert_eq!(split_parent("a/b/c"), ("a/b", "c"));
-    }
-}
+pub use model::replay_for_fuzzing;
+pub use track::{open_history, open_history_readonly};

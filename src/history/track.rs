@@ -9,14 +9,13 @@ use std::time::SystemTime;
 
 use log::{debug, info, warn};
 
+use super::model::{apply_record, backup_of, impossible};
 use super::store::{Store, SyncPolicy};
 use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
 use crate::durability::{self, Durability};
 use crate::sys::{self, errno, open_source};
 use crate::transcript::journal::Journal;
-use crate::transcript::record::{
-    Actor, EntryKind, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, TrackedFileBackup, rfc3339,
-};
+use crate::transcript::record::{Actor, EntryKind, EntryMeta, Record, rfc3339};
 use crate::transcript::replay::{read_transcript, truncate_torn_tail};
 use crate::transcript::writer::{TranscriptWriter, rewrite_atomically};
 
@@ -25,81 +24,6 @@ struct Loaded {
     state: State,
     transcript_outcome: crate::transcript::replay::ReadOutcome,
     journal_tail: Vec<Record>,
-}
-
-/// Why record `r` cannot follow the records replayed into `state`: a history no daemon could
-/// have written (a version gap or a version 0, an object name that is not one, or one the
-/// store does not hold). `has_object` answers for the store.
-pub(crate) fn impossible(
-    state: &State,
-    r: &Record,
-    has_object: &mut dyn FnMut(&str) -> bool,
-) -> Option<String> {
-    if r.record_type != FILE_HISTORY_SNAPSHOT
-        || (!r.is_snapshot_update
-            && r.message_id
-                .as_ref()
-                .is_none_or(|id| state.checkpoint_ids.contains_key(id)))
-    {
-        // Not applied (see `apply_record`), so nothing to check.
-        return None;
-    }
-    for (path, b) in &r.snapshot.tracked_file_backups {
-        let known = state.paths.get(path).map_or(0, |h| h.versions.len());
-        if b.version == 0 || b.version as usize > known + 1 {
-            return Some(format!(
-                "{path:?} jumps to version {} after {known} version{}",
-                b.version,
-                if known == 1 { "" } else { "s" }
-            ));
-        }
-        if let Some(name) = &b.backup_file_name {
-            if !super::store::is_object_name(name) {
-                return Some(format!(
-                    "{path:?} version {} names {name:?}, which is not a store object name",
-                    b.version
-                ));
-            }
-            if !b.pending && !has_object(name) {
-                return Some(format!(
-                    "{path:?} version {} needs store object {name}, which is missing",
-                    b.version
-                ));
-            }
-        }
-    }
-    None
-}
-
-/// Replays `records` as a mount does (refusing an impossible history with replay's
-/// message), then looks every path up at every checkpoint as views and rewinds do; returns
-/// the number of lookups. For the fuzz harness (tests/fuzz.rs): a panic here is a bug.
-#[doc(hidden)]
-pub fn replay_for_fuzzing(
-    records: &[Record],
-    has_object: &mut dyn FnMut(&str) -> bool,
-) -> Result<usize, String> {
-    let mut state = State::default();
-    for r in records {
-        if let Some(why) = impossible(&state, r, has_object) {
-            return Err(why);
-        }
-        apply_record(&mut state, r);
-    }
-    let mut lookups = 0;
-    for (path, h) in &state.paths {
-        for k in 0..=state.checkpoints.len() {
-            let n = h.version_at(k);
-            // The invariant replay's checks keep: every tracked path has its version at k.
-            assert!(
-                (1..=h.versions.len()).contains(&n),
-                "{path:?} at checkpoint {k}: version {n} of {}",
-                h.versions.len()
-            );
-            lookups += 1;
-        }
-    }
-    Ok(lookups)
 }
 
 /// Replays the transcript, then the journal records past its end, refusing an impossible
@@ -321,118 +245,6 @@ pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
         mtime_nsec: st.st_mtime_nsec as u32,
         rdev: is_dev.then_some(st.st_rdev),
     })
-}
-
-/// Applies one record to the in-memory state (replay and live use share this, so what is
-/// recorded is exactly what is replayed).
-pub(crate) fn apply_record(state: &mut State, r: &Record) {
-    if r.record_type != FILE_HISTORY_SNAPSHOT {
-        return;
-    }
-    state.next_seq = state.next_seq.max(r.seq + 1);
-    state.history_dropped |= r.gc_base;
-    if !r.is_snapshot_update {
-        let Some(id) = r.message_id.clone() else {
-            return;
-        };
-        if state.checkpoint_ids.contains_key(&id) {
-            return;
-        }
-        let k = state.checkpoints.len();
-        let time =
-            humantime::parse_rfc3339(&r.snapshot.timestamp).unwrap_or(SystemTime::UNIX_EPOCH);
-        state.checkpoints.push(Checkpoint {
-            id: id.clone(),
-            time,
-            session: r.session.clone(),
-        });
-        state.checkpoint_ids.insert(id, k);
-        state.clear_dirty();
-        for (path, b) in &r.snapshot.tracked_file_backups {
-            let new_path = !state.paths.contains_key(path);
-            let h = state.paths.entry(path.clone()).or_default();
-            if new_path {
-                h.first_epoch = k;
-            }
-            if b.version as usize == h.versions.len() + 1 {
-                h.versions.push(Version {
-                    since: Some(k),
-                    state: state_of(b),
-                    time: parse_time(&b.backup_time),
-                });
-            }
-            if new_path {
-                state.track_child(path);
-            }
-        }
-        return;
-    }
-    let epoch = state.checkpoints.len();
-    for (path, b) in &r.snapshot.tracked_file_backups {
-        let new_path = !state.paths.contains_key(path);
-        let h = state.paths.entry(path.clone()).or_default();
-        if new_path {
-            h.first_epoch = epoch;
-        }
-        let v = b.version as usize;
-        if v == h.versions.len() + 1 {
-            h.versions.push(Version {
-                since: None,
-                state: state_of(b),
-                time: parse_time(&b.backup_time),
-            });
-        } else if v >= 1
-            && v <= h.versions.len()
-            && h.versions[v - 1].state == VersionState::Pending
-        {
-            h.versions[v - 1].state = state_of(b);
-        }
-        if !b.fill {
-            state.mark_dirty(path);
-        }
-        if new_path {
-            state.track_child(path);
-        }
-    }
-}
-
-fn parse_time(s: &str) -> SystemTime {
-    humantime::parse_rfc3339(s).unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
-fn state_of(b: &TrackedFileBackup) -> VersionState {
-    if b.pending {
-        return VersionState::Pending;
-    }
-    match &b.meta {
-        None => VersionState::Absent,
-        Some(meta) => VersionState::Present {
-            meta: meta.clone(),
-            object: b.backup_file_name.clone(),
-        },
-    }
-}
-
-pub(crate) fn backup_of(
-    version: u32,
-    v: &Version,
-    actor: Option<Actor>,
-    fill: bool,
-) -> TrackedFileBackup {
-    let (name, meta, pending) = match &v.state {
-        VersionState::Pending => (None, None, true),
-        VersionState::Absent => (None, None, false),
-        VersionState::Present { meta, object } => (object.clone(), Some(meta.clone()), false),
-    };
-    TrackedFileBackup {
-        backup_file_name: name,
-        version,
-        backup_time: rfc3339(v.time),
-        meta,
-        pending,
-        actor,
-        fill,
-    }
 }
 
 fn actor_key(a: &Actor) -> super::ActorKey {
@@ -1058,42 +870,5 @@ impl History {
     /// Number of pending versions still to copy (for status and tests).
     pub fn pending_copies(&self) -> usize {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transcript::testutil::file_entry;
-
-    fn update(seq: u64, path: &str, b: TrackedFileBackup) -> Record {
-        let files = BTreeMap::from([(path.to_owned(), b)]);
-        Record::snapshot_update(None, seq, "2026-01-02T03:04:05Z".into(), files)
-    }
-
-    #[test]
-    fn replay_finds_impossible_records() {
-        let obj = "ab".repeat(32);
-        let mut state = State::default();
-        let mut all = |_: &str| true;
-        let first = update(1, "f", file_entry(1, &obj, "2026-01-02T03:04:05Z"));
-        assert_eq!(impossible(&state, &first, &mut all), None);
-        apply_record(&mut state, &first);
-        let gap = update(2, "f", file_entry(3, &obj, "2026-01-02T03:04:05Z"));
-        let why = impossible(&state, &gap, &mut all).unwrap();
-        assert!(why.contains("jumps to version 3 after 1 version"), "{why}");
-        let zero = update(2, "g", file_entry(0, &obj, "2026-01-02T03:04:05Z"));
-        assert!(impossible(&state, &zero, &mut all).is_some());
-        let name = update(2, "f", file_entry(2, "../x", "2026-01-02T03:04:05Z"));
-        let why = impossible(&state, &name, &mut all).unwrap();
-        assert!(why.contains("not a store object name"), "{why}");
-        let next = update(2, "f", file_entry(2, &obj, "2026-01-02T03:04:05Z"));
-        let why = impossible(&state, &next, &mut |_| false).unwrap();
-        assert!(why.contains("which is missing"), "{why}");
-        assert_eq!(impossible(&state, &next, &mut all), None);
-        // Unknown record types are skipped by replay, so never refused.
-        let mut other = gap.clone();
-        other.record_type = "summary".into();
-        assert_eq!(impossible(&state, &other, &mut all), None);
     }
 }

@@ -1,0 +1,620 @@
+//! The history model: what a tracked path's versions are, what a checkpoint is, and how a
+//! record changes them. Pure: no filesystem, no locks, no clock. Replay and live use both
+//! apply records through [`apply_record`], so what is recorded is exactly what is replayed,
+//! and [`impossible`] is the one judge of a history no daemon could have written.
+//!
+//! Invariants (kept by [`apply_record`] for every record [`impossible`] lets through):
+//! 1. A tracked path has at least one version; v1 is its pre-image (`since: None`).
+//! 2. Versions are numbered 1, 2, … with no gap; a record names version n only when the path
+//!    has n−1 (a new version) or at least n (a fill of a pending one, or a repeat).
+//! 3. `Version::since` increases along the list: a version made by checkpoint k follows every
+//!    version made before it.
+//! 4. So the state of a path at checkpoint k is its last version with `since <= k`, or v1
+//!    ([`PathHistory::version_at`]), and that index is always within the list.
+//! 5. A checkpoint record lists only the paths with a new version (delta form); every other
+//!    path keeps the version it had, so composing deltas gives the full state at each one.
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::SystemTime;
+
+use crate::transcript::record::{
+    Actor, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, TrackedFileBackup, rfc3339,
+};
+
+/// One version of one path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Version {
+    /// The checkpoint (index) that created this version; `None` for v1, the pre-image.
+    pub since: Option<usize>,
+    pub state: VersionState,
+    pub time: SystemTime,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum VersionState {
+    /// Content still to be copied; the path is unchanged since the checkpoint that made it.
+    Pending,
+    Absent,
+    /// `object`: the store object with the content (files) or the target (symlinks).
+    Present {
+        meta: EntryMeta,
+        object: Option<String>,
+    },
+}
+
+#[derive(Debug, Default)]
+pub struct PathHistory {
+    pub versions: Vec<Version>,
+    /// Changed since the last checkpoint (or open for writing across it).
+    pub dirty: bool,
+    /// Number of checkpoints when the path was first tracked: checkpoint k lists the path
+    /// iff `first_epoch <= k`.
+    pub first_epoch: usize,
+}
+
+impl PathHistory {
+    /// The version number (1-based) holding the state at checkpoint `k`.
+    pub fn version_at(&self, k: usize) -> usize {
+        self.versions
+            .iter()
+            .rposition(|v| v.since.is_some_and(|c| c <= k))
+            .map_or(1, |i| i + 1)
+    }
+
+    pub(crate) fn latest_is_pending(&self) -> bool {
+        matches!(
+            self.versions.last().map(|v| &v.state),
+            Some(VersionState::Pending)
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub id: String,
+    pub time: SystemTime,
+    /// The agent session that took it (see [`Record::session`](crate::transcript::record::Record::session)),
+    /// if one is known.
+    pub session: Option<String>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub paths: HashMap<String, PathHistory>,
+    /// The paths with `dirty` set, so that a checkpoint costs O(changed), not O(tracked).
+    /// Changed only through [`State::mark_dirty`] and [`State::clear_dirty`].
+    pub dirty_paths: HashSet<String>,
+    /// parent path → names of its tracked children, for views of directories.
+    pub children: HashMap<String, BTreeSet<String>>,
+    /// Every checkpoint this daemon has known, by index; those before `first_kept` were
+    /// dropped by gc. Indices are never reused or shifted while mounted: views, rewinds and
+    /// versions (`Version::since`) refer to checkpoints by index.
+    pub checkpoints: Vec<Checkpoint>,
+    /// The ids of the kept checkpoints (`first_kept..`) → index.
+    pub checkpoint_ids: HashMap<String, usize>,
+    /// Index of the oldest checkpoint not dropped by gc (0 until a gc in this daemon).
+    pub first_kept: usize,
+    /// gc dropped older checkpoints at some point (a `gcBase` record was replayed, or a gc
+    /// ran): the state before the oldest kept checkpoint is unknown.
+    pub history_dropped: bool,
+    pub next_seq: u64,
+    /// Paths whose content is being copied right now (by the gate or the copier).
+    pub busy: HashSet<String>,
+    /// path → (epoch, the processes/sessions recorded as changing it in that epoch): a
+    /// further changer of a path already changed in this message is recorded once too, so
+    /// `log` names everyone and a session-scoped rewind sees conflicts. An entry of an older
+    /// epoch counts as empty.
+    pub message_actors: HashMap<String, (usize, Vec<ActorKey>)>,
+}
+
+/// Who changed a path, as far as attribution goes: the process and its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ActorKey {
+    pub pid: u32,
+    pub session: Option<String>,
+}
+
+impl State {
+    /// Notes that `key` changed `rel` in the current epoch; `false` if that was known.
+    pub(crate) fn note_actor(&mut self, rel: &str, key: ActorKey) -> bool {
+        let epoch = self.checkpoints.len();
+        let entry = self
+            .message_actors
+            .entry(rel.to_string())
+            .or_insert_with(|| (epoch, Vec::new()));
+        if entry.0 != epoch {
+            *entry = (epoch, Vec::new());
+        }
+        if entry.1.contains(&key) {
+            return false;
+        }
+        entry.1.push(key);
+        true
+    }
+}
+
+impl State {
+    /// Marks tracked path `rel` changed since the last checkpoint.
+    pub fn mark_dirty(&mut self, rel: &str) {
+        if let Some(h) = self.paths.get_mut(rel) {
+            h.dirty = true;
+            if !self.dirty_paths.contains(rel) {
+                self.dirty_paths.insert(rel.to_owned());
+            }
+        }
+    }
+
+    /// A checkpoint was taken: nothing is changed since it. Returns the paths that were.
+    pub fn clear_dirty(&mut self) -> Vec<String> {
+        let dirty: Vec<String> = self.dirty_paths.drain().collect();
+        for p in &dirty {
+            if let Some(h) = self.paths.get_mut(p) {
+                h.dirty = false;
+            }
+        }
+        dirty
+    }
+
+    /// The checkpoints that were not dropped by gc, oldest first.
+    pub fn kept(&self) -> &[Checkpoint] {
+        &self.checkpoints[self.first_kept.min(self.checkpoints.len())..]
+    }
+
+    pub(crate) fn current_message(&self) -> Option<String> {
+        self.checkpoints.last().map(|c| c.id.clone())
+    }
+
+    pub(crate) fn track_child(&mut self, rel: &str) {
+        let (parent, name) = split_parent(rel);
+        self.children
+            .entry(parent.to_string())
+            .or_default()
+            .insert(name.to_string());
+    }
+}
+
+/// Splits `a/b/c` into (`a/b`, `c`); a top-level name has parent "" (the root).
+pub fn split_parent(rel: &str) -> (&str, &str) {
+    match rel.rfind('/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => ("", rel),
+    }
+}
+
+/// Why record `r` cannot follow the records replayed into `state`: a history no daemon could
+/// have written (a version gap or a version 0, an object name that is not one, or one the
+/// store does not hold). `has_object` answers for the store.
+pub(crate) fn impossible(
+    state: &State,
+    r: &Record,
+    has_object: &mut dyn FnMut(&str) -> bool,
+) -> Option<String> {
+    if r.record_type != FILE_HISTORY_SNAPSHOT
+        || (!r.is_snapshot_update
+            && r.message_id
+                .as_ref()
+                .is_none_or(|id| state.checkpoint_ids.contains_key(id)))
+    {
+        // Not applied (see `apply_record`), so nothing to check.
+        return None;
+    }
+    for (path, b) in &r.snapshot.tracked_file_backups {
+        let known = state.paths.get(path).map_or(0, |h| h.versions.len());
+        if b.version == 0 || b.version as usize > known + 1 {
+            return Some(format!(
+                "{path:?} jumps to version {} after {known} version{}",
+                b.version,
+                if known == 1 { "" } else { "s" }
+            ));
+        }
+        // Invariant 3: only a checkpoint makes a version after v1. A Layer 1 record backs up
+        // an untracked path (v1) or fills or repeats a version that exists.
+        if r.is_snapshot_update && known > 0 && b.version as usize == known + 1 {
+            return Some(format!(
+                "{path:?} gets version {} from a backup record; only a checkpoint makes a \
+                 version after the first",
+                b.version
+            ));
+        }
+        if let Some(name) = &b.backup_file_name {
+            if !super::store::is_object_name(name) {
+                return Some(format!(
+                    "{path:?} version {} names {name:?}, which is not a store object name",
+                    b.version
+                ));
+            }
+            if !b.pending && !has_object(name) {
+                return Some(format!(
+                    "{path:?} version {} needs store object {name}, which is missing",
+                    b.version
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Replays `records` as a mount does (refusing an impossible history with replay's
+/// message), then looks every path up at every checkpoint as views and rewinds do; returns
+/// the number of lookups. For the fuzz harness (tests/fuzz.rs): a panic here is a bug.
+#[doc(hidden)]
+pub fn replay_for_fuzzing(
+    records: &[Record],
+    has_object: &mut dyn FnMut(&str) -> bool,
+) -> Result<usize, String> {
+    let mut state = State::default();
+    for r in records {
+        if let Some(why) = impossible(&state, r, has_object) {
+            return Err(why);
+        }
+        apply_record(&mut state, r);
+    }
+    let mut lookups = 0;
+    for (path, h) in &state.paths {
+        for k in 0..=state.checkpoints.len() {
+            let n = h.version_at(k);
+            // The invariant replay's checks keep: every tracked path has its version at k.
+            assert!(
+                (1..=h.versions.len()).contains(&n),
+                "{path:?} at checkpoint {k}: version {n} of {}",
+                h.versions.len()
+            );
+            lookups += 1;
+        }
+    }
+    Ok(lookups)
+}
+
+/// Applies one record to the in-memory state (replay and live use share this, so what is
+/// recorded is exactly what is replayed).
+pub(crate) fn apply_record(state: &mut State, r: &Record) {
+    if r.record_type != FILE_HISTORY_SNAPSHOT {
+        return;
+    }
+    state.next_seq = state.next_seq.max(r.seq + 1);
+    state.history_dropped |= r.gc_base;
+    if !r.is_snapshot_update {
+        let Some(id) = r.message_id.clone() else {
+            return;
+        };
+        if state.checkpoint_ids.contains_key(&id) {
+            return;
+        }
+        let k = state.checkpoints.len();
+        let time =
+            humantime::parse_rfc3339(&r.snapshot.timestamp).unwrap_or(SystemTime::UNIX_EPOCH);
+        state.checkpoints.push(Checkpoint {
+            id: id.clone(),
+            time,
+            session: r.session.clone(),
+        });
+        state.checkpoint_ids.insert(id, k);
+        state.clear_dirty();
+        for (path, b) in &r.snapshot.tracked_file_backups {
+            let new_path = !state.paths.contains_key(path);
+            let h = state.paths.entry(path.clone()).or_default();
+            if new_path {
+                h.first_epoch = k;
+            }
+            if b.version as usize == h.versions.len() + 1 {
+                h.versions.push(Version {
+                    since: Some(k),
+                    state: state_of(b),
+                    time: parse_time(&b.backup_time),
+                });
+            }
+            if new_path {
+                state.track_child(path);
+            }
+        }
+        return;
+    }
+    let epoch = state.checkpoints.len();
+    for (path, b) in &r.snapshot.tracked_file_backups {
+        let new_path = !state.paths.contains_key(path);
+        let h = state.paths.entry(path.clone()).or_default();
+        if new_path {
+            h.first_epoch = epoch;
+        }
+        let v = b.version as usize;
+        if v == h.versions.len() + 1 {
+            h.versions.push(Version {
+                since: None,
+                state: state_of(b),
+                time: parse_time(&b.backup_time),
+            });
+        } else if v >= 1
+            && v <= h.versions.len()
+            && h.versions[v - 1].state == VersionState::Pending
+        {
+            h.versions[v - 1].state = state_of(b);
+        }
+        if !b.fill {
+            state.mark_dirty(path);
+        }
+        if new_path {
+            state.track_child(path);
+        }
+    }
+}
+
+fn parse_time(s: &str) -> SystemTime {
+    humantime::parse_rfc3339(s).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+fn state_of(b: &TrackedFileBackup) -> VersionState {
+    if b.pending {
+        return VersionState::Pending;
+    }
+    match &b.meta {
+        None => VersionState::Absent,
+        Some(meta) => VersionState::Present {
+            meta: meta.clone(),
+            object: b.backup_file_name.clone(),
+        },
+    }
+}
+
+pub(crate) fn backup_of(
+    version: u32,
+    v: &Version,
+    actor: Option<Actor>,
+    fill: bool,
+) -> TrackedFileBackup {
+    let (name, meta, pending) = match &v.state {
+        VersionState::Pending => (None, None, true),
+        VersionState::Absent => (None, None, false),
+        VersionState::Present { meta, object } => (object.clone(), Some(meta.clone()), false),
+    };
+    TrackedFileBackup {
+        backup_file_name: name,
+        version,
+        backup_time: rfc3339(v.time),
+        meta,
+        pending,
+        actor,
+        fill,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::transcript::record::EntryKind;
+    use crate::transcript::testutil::file_entry;
+
+    const T: &str = "2026-01-02T03:04:05Z";
+
+    fn obj(n: u8) -> String {
+        format!("{n:02x}").repeat(32)
+    }
+
+    fn update(seq: u64, path: &str, b: TrackedFileBackup) -> Record {
+        let files = BTreeMap::from([(path.to_owned(), b)]);
+        Record::snapshot_update(None, seq, T.into(), files)
+    }
+
+    fn delta(id: &str, seq: u64, files: &[(&str, TrackedFileBackup)]) -> Record {
+        let files = files
+            .iter()
+            .map(|(p, b)| (p.to_string(), b.clone()))
+            .collect();
+        Record::checkpoint_delta(id, seq, T.into(), files)
+    }
+
+    /// Replays `records` as a mount does: each checked, then applied.
+    fn replay(records: &[Record]) -> Result<State, String> {
+        let mut state = State::default();
+        for r in records {
+            if let Some(why) = impossible(&state, r, &mut |_| true) {
+                return Err(why);
+            }
+            apply_record(&mut state, r);
+        }
+        Ok(state)
+    }
+
+    /// The store object holding `path`'s state at checkpoint `k` (`None`: absent).
+    fn object_at(state: &State, path: &str, k: usize) -> Option<String> {
+        let h = &state.paths[path];
+        match &h.versions[h.version_at(k) - 1].state {
+            VersionState::Present { object, .. } => object.clone(),
+            VersionState::Absent => None,
+            VersionState::Pending => Some("pending".into()),
+        }
+    }
+
+    #[test]
+    fn version_at_picks_the_last_version_made_at_or_before_the_checkpoint() {
+        let v = |since| Version {
+            since,
+            state: VersionState::Absent,
+            time: SystemTime::UNIX_EPOCH,
+        };
+        let h = PathHistory {
+            versions: vec![v(None), v(Some(2)), v(Some(5))],
+            dirty: false,
+            first_epoch: 0,
+        };
+        assert_eq!(h.version_at(0), 1);
+        assert_eq!(h.version_at(1), 1);
+        assert_eq!(h.version_at(2), 2);
+        assert_eq!(h.version_at(4), 2);
+        assert_eq!(h.version_at(5), 3);
+        assert_eq!(h.version_at(9), 3);
+    }
+
+    #[test]
+    fn split_parent_handles_top_level_and_nested() {
+        assert_eq!(split_parent("a"), ("", "a"));
+        assert_eq!(split_parent("a/b/c"), ("a/b", "c"));
+    }
+
+    /// Invariant 5: a path a checkpoint's delta does not list keeps the version it had, so
+    /// the composed deltas give every path's state at every checkpoint.
+    #[test]
+    fn checkpoint_deltas_compose_into_the_state_at_each_checkpoint() {
+        let state = replay(&[
+            update(1, "f", file_entry(1, &obj(1), T)), // f's pre-image
+            delta("c0", 2, &[("f", file_entry(2, &obj(2), T))]),
+            update(3, "g", file_entry(1, &obj(3), T)), // g first changed after c0
+            delta("c1", 4, &[("g", file_entry(2, &obj(4), T))]), // f unchanged at c1
+            delta("c2", 5, &[]),
+            update(6, "f", file_entry(2, &obj(2), T)), // f changed after c2: stored already
+            delta("c3", 7, &[("f", file_entry(3, &obj(5), T))]),
+        ])
+        .unwrap();
+        assert_eq!(state.checkpoints.len(), 4);
+        let f: Vec<_> = (0..4).map(|k| object_at(&state, "f", k)).collect();
+        assert_eq!(f, [Some(obj(2)), Some(obj(2)), Some(obj(2)), Some(obj(5))]);
+        assert_eq!(state.paths["f"].versions.len(), 3);
+        assert_eq!(state.paths["f"].versions[2].since, Some(3));
+        let g: Vec<_> = (1..4).map(|k| object_at(&state, "g", k)).collect();
+        assert_eq!(g, [Some(obj(4)), Some(obj(4)), Some(obj(4))]);
+        assert_eq!(state.paths["g"].first_epoch, 1);
+        assert_eq!(state.checkpoint_ids["c3"], 3);
+        assert!(
+            state.dirty_paths.is_empty(),
+            "a checkpoint clears the dirty set"
+        );
+    }
+
+    /// The full form (every tracked path listed, unchanged ones at their current version)
+    /// and the delta form replay to the same history.
+    #[test]
+    fn full_and_delta_checkpoint_records_replay_alike() {
+        let pre = [
+            update(1, "a", file_entry(1, &obj(1), T)),
+            update(2, "b", file_entry(1, &obj(2), T)),
+        ];
+        let mut full = pre.to_vec();
+        let mut delta_form = pre.to_vec();
+        let both = |a: u32, ao: u8, b: u32, bo: u8| {
+            BTreeMap::from([
+                ("a".to_string(), file_entry(a, &obj(ao), T)),
+                ("b".to_string(), file_entry(b, &obj(bo), T)),
+            ])
+        };
+        full.push(Record::checkpoint("c0", 3, T.into(), both(2, 3, 2, 4)));
+        full.push(Record::checkpoint("c1", 4, T.into(), both(3, 5, 2, 4)));
+        delta_form.push(delta(
+            "c0",
+            3,
+            &[
+                ("a", file_entry(2, &obj(3), T)),
+                ("b", file_entry(2, &obj(4), T)),
+            ],
+        ));
+        delta_form.push(delta("c1", 4, &[("a", file_entry(3, &obj(5), T))]));
+        let (x, y) = (replay(&full).unwrap(), replay(&delta_form).unwrap());
+        for path in ["a", "b"] {
+            assert_eq!(x.paths[path].versions, y.paths[path].versions, "{path}");
+        }
+        assert_eq!(object_at(&y, "a", 1), Some(obj(5)));
+        assert_eq!(object_at(&y, "b", 1), Some(obj(4)));
+    }
+
+    /// A pending version (content still to copy) is filled in place by a later record with
+    /// the same version number, and a fill does not mark the path changed.
+    #[test]
+    fn a_fill_completes_a_pending_version() {
+        let mut pending = file_entry(2, &obj(9), T);
+        pending.pending = true;
+        pending.backup_file_name = None;
+        pending.meta = None;
+        let mut fill = file_entry(2, &obj(2), T);
+        fill.fill = true;
+        let state = replay(&[
+            update(1, "f", file_entry(1, &obj(1), T)),
+            delta("c0", 2, &[("f", pending)]),
+        ])
+        .unwrap();
+        assert_eq!(object_at(&state, "f", 0).as_deref(), Some("pending"));
+        let mut state = state;
+        let r = update(3, "f", fill);
+        assert_eq!(impossible(&state, &r, &mut |_| true), None);
+        apply_record(&mut state, &r);
+        assert_eq!(object_at(&state, "f", 0), Some(obj(2)));
+        assert!(state.dirty_paths.is_empty(), "a fill is not a change");
+    }
+
+    /// A checkpoint id seen twice (a journal record also in the transcript) is applied once.
+    #[test]
+    fn a_repeated_checkpoint_record_is_applied_once() {
+        let c0 = delta("c0", 2, &[("f", file_entry(2, &obj(2), T))]);
+        let state = replay(&[update(1, "f", file_entry(1, &obj(1), T)), c0.clone(), c0]).unwrap();
+        assert_eq!(state.checkpoints.len(), 1);
+        assert_eq!(state.paths["f"].versions.len(), 2);
+        assert_eq!(state.next_seq, 3);
+    }
+
+    #[test]
+    fn replay_refuses_gapped_and_corrupt_histories() {
+        let mut state = State::default();
+        let mut all = |_: &str| true;
+        let first = update(1, "f", file_entry(1, &obj(1), T));
+        assert_eq!(impossible(&state, &first, &mut all), None);
+        apply_record(&mut state, &first);
+        // A version gap, in a Layer 1 record and in a checkpoint.
+        let gap = update(2, "f", file_entry(3, &obj(1), T));
+        let why = impossible(&state, &gap, &mut all).unwrap();
+        assert!(why.contains("jumps to version 3 after 1 version"), "{why}");
+        let gap = delta("c0", 2, &[("f", file_entry(4, &obj(1), T))]);
+        assert!(impossible(&state, &gap, &mut all).is_some());
+        // A first version that is not 1.
+        let zero = update(2, "g", file_entry(0, &obj(1), T));
+        assert!(impossible(&state, &zero, &mut all).is_some());
+        let late = update(2, "g", file_entry(2, &obj(1), T));
+        assert!(impossible(&state, &late, &mut all).is_some());
+        // A version after v1 made by a backup record (invariant 3).
+        let by_backup = update(2, "f", file_entry(2, &obj(2), T));
+        let why = impossible(&state, &by_backup, &mut all).unwrap();
+        assert!(why.contains("only a checkpoint makes a version"), "{why}");
+        // An object name that is not one (a path out of the store).
+        let name = delta("c0", 2, &[("f", file_entry(2, "../../etc/shadow", T))]);
+        let why = impossible(&state, &name, &mut all).unwrap();
+        assert!(why.contains("not a store object name"), "{why}");
+        // An object the store lacks.
+        let next = delta("c0", 2, &[("f", file_entry(2, &obj(2), T))]);
+        let why = impossible(&state, &next, &mut |_| false).unwrap();
+        assert!(why.contains("which is missing"), "{why}");
+        assert_eq!(impossible(&state, &next, &mut all), None);
+        // Record types replay does not know are skipped, so never refused.
+        let mut other = gap.clone();
+        other.record_type = "summary".into();
+        assert_eq!(impossible(&state, &other, &mut all), None);
+        apply_record(&mut state, &other);
+        assert!(state.checkpoints.is_empty());
+    }
+
+    /// The replay the fuzz harness runs: every path has its version at every checkpoint.
+    #[test]
+    fn every_path_has_a_version_at_every_checkpoint_after_replay() {
+        let dir = |v: u32| TrackedFileBackup {
+            meta: Some(crate::transcript::record::EntryMeta {
+                kind: EntryKind::Dir,
+                mode: 0o755,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime_sec: 0,
+                mtime_nsec: 0,
+                rdev: None,
+            }),
+            backup_file_name: None,
+            ..file_entry(v, &obj(0), T)
+        };
+        let records = [
+            update(1, "d", dir(1)),
+            delta("c0", 2, &[]),
+            update(3, "d/x", file_entry(1, &obj(1), T)),
+            delta("c1", 4, &[("d/x", file_entry(2, &obj(2), T))]),
+        ];
+        let lookups = replay_for_fuzzing(&records, &mut |_| true).unwrap();
+        assert_eq!(lookups, 2 * 3, "two paths, checkpoints 0..=2");
+        let state = replay(&records).unwrap();
+        assert_eq!(state.children[""], BTreeSet::from(["d".to_string()]));
+        assert_eq!(state.children["d"], BTreeSet::from(["x".to_string()]));
+    }
+}
