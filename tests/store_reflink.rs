@@ -130,17 +130,16 @@ fn require_tool(name: &str, package: &str) -> PathBuf {
     })
 }
 
-/// Makes, mounts and returns a fresh filesystem of `fs`, or `None` (with a note) when not
-/// root. Panics with a clear message on anything else that goes wrong.
-fn mount_fresh(fs: Fs) -> Option<Fixture> {
+/// Makes, mounts and returns a fresh filesystem of `fs` (needs root, as every mounting test
+/// here). Panics with a clear message on anything that goes wrong.
+fn mount_fresh(fs: Fs) -> Fixture {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "note: skipping {} reflink test: loop mounts need root",
-            fs.name()
-        );
-        return None;
-    }
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the {} reflink test needs root (loop mounts): run the tests as root, as \
+         scripts/test.sh does",
+        fs.name()
+    );
     let mkfs = require_tool(fs.mkfs(), fs.package());
     let losetup = require_tool("losetup", "mount");
     let mount = require_tool("mount", "mount");
@@ -177,10 +176,10 @@ fn mount_fresh(fs: Fs) -> Option<Fixture> {
         ],
     );
     guard.mounted = true;
-    Some(Fixture {
+    Fixture {
         mount: guard,
         _tmp: tmp,
-    })
+    }
 }
 
 fn sha256_hex(data: &[u8]) -> String {
@@ -289,25 +288,19 @@ fn reflink_scenario(fx: &Fixture) {
 
 #[test]
 fn btrfs_put_file_on_same_filesystem_uses_reflink() {
-    let Some(fx) = mount_fresh(Fs::Btrfs) else {
-        return;
-    };
+    let fx = mount_fresh(Fs::Btrfs);
     reflink_scenario(&fx);
 }
 
 #[test]
 fn xfs_put_file_on_same_filesystem_uses_reflink() {
-    let Some(fx) = mount_fresh(Fs::Xfs) else {
-        return;
-    };
+    let fx = mount_fresh(Fs::Xfs);
     reflink_scenario(&fx);
 }
 
 #[test]
 fn btrfs_put_file_into_store_on_another_filesystem_falls_back_to_copy() {
-    let Some(fx) = mount_fresh(Fs::Btrfs) else {
-        return;
-    };
+    let fx = mount_fresh(Fs::Btrfs);
     let data = pseudo_random((2 << 20) + 5, 7);
     let src_path = fx.root().join("project").join("f.bin");
     write_file(&src_path, &data);
