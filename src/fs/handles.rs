@@ -69,6 +69,7 @@ impl FileHandle {
 pub struct DirHandle {
     pub inode: Arc<Inode>,
     pub _pin: Pin,
+    /// Lock order: a leaf, held across one getdents batch (READDIR on this handle only).
     pub stream: Mutex<DirStream>,
 }
 
@@ -78,6 +79,7 @@ pub enum Handle {
 }
 
 pub struct HandleTable {
+    /// Lock order: a leaf; handles are cloned out (`Arc`) before any IO on them.
     map: RwLock<HashMap<u64, Arc<Handle>>>,
     next: AtomicU64,
 }

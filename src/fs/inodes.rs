@@ -106,8 +106,10 @@ pub struct Inode {
     pub key: ObjectKey,
     /// `st_mode & S_IFMT` at lookup; an object never changes type.
     pub file_type: u32,
-    /// The cached O_PATH | O_NOFOLLOW fd, `None` while given back.
+    /// The cached O_PATH | O_NOFOLLOW fd, `None` while given back. Lock order: after
+    /// `Shared::inner`, before `FdCache::registry`; never held across an open.
     fd: Mutex<Option<Arc<OwnedFd>>>,
+    /// Lock order: a leaf (nothing is taken while it is held).
     origin: Mutex<Origin>,
     /// [`CLOCK`] at the last use of the fd.
     last_used: AtomicU64,
@@ -120,6 +122,7 @@ pub struct Inode {
     lookups: AtomicU64,
     /// The kernel wants one backing file per inode for all passthrough opens; handles hold
     /// the strong references, so the backing id closes when the last handle is released.
+    /// Lock order: a leaf, held across the backing-open ioctl only (one per inode).
     pub backing: Mutex<Weak<BackingId>>,
 }
 
@@ -249,7 +252,8 @@ struct FdCache {
     budget: usize,
     /// Filled slots, i.e. O_PATH fds the cache holds.
     open: AtomicUsize,
-    /// Entries with a filled slot, by address; updated under the entry's slot lock.
+    /// Entries with a filled slot, by address; updated under the entry's slot lock. Lock
+    /// order: last (after `Shared::inner` and an entry's `fd`).
     registry: Mutex<HashMap<usize, Weak<Inode>>>,
     /// One batch of give-backs at a time for the budget (an EMFILE retry does not wait).
     evicting: AtomicBool,
@@ -271,6 +275,7 @@ struct Inner {
 }
 
 struct Shared {
+    /// The table. Lock order: first (→ an entry's `fd` → `FdCache::registry`).
     inner: RwLock<Inner>,
     cache: FdCache,
     /// `open_by_handle_at`'s mount fd (SRC's root), when file handles work.

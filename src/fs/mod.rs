@@ -129,6 +129,8 @@ fn has_cap_sys_admin() -> bool {
 }
 
 impl PassthroughFs {
+    /// The core over SRC's root fd `root` (O_PATH), recording into `history`. Kernel
+    /// passthrough is on only if `cfg.passthrough` and the daemon has CAP_SYS_ADMIN.
     pub fn new(root: OwnedFd, history: Arc<History>, cfg: FsConfig) -> io::Result<PassthroughFs> {
         let src_prefix = history.source().as_os_str().as_bytes().to_vec();
         let src_prefix = if src_prefix == b"/" {
@@ -195,6 +197,7 @@ impl PassthroughFs {
         Some(self.passthrough_off.get().map_or("unknown", String::as_str))
     }
 
+    /// The file-history system every change is recorded in.
     pub fn history(&self) -> &Arc<History> {
         self.gate.history()
     }
@@ -212,6 +215,7 @@ impl PassthroughFs {
         self.inodes.fd_stats()
     }
 
+    /// Whether new opens of regular files get a kernel passthrough backing file.
     pub fn passthrough_enabled(&self) -> bool {
         self.passthrough.load(Ordering::Relaxed)
     }
@@ -235,6 +239,11 @@ impl PassthroughFs {
 
     // ---- lookup / forget / attributes -------------------------------------------------
 
+    /// LOOKUP of `name` in `parent`, never following a symlink. Contract: on success the
+    /// kernel holds one more lookup reference on the returned inode (released by
+    /// [`PassthroughFs::forget`]); the inode table keeps the object's O_PATH fd (or the way
+    /// to reopen it) until then. `.checkpoint` at the root is the virtual control directory.
+    /// No change, so no gate.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> io::Result<Entry> {
         if virt::is_virtual(parent) {
             return self.virt.lookup(self, parent, name);
@@ -288,6 +297,8 @@ impl PassthroughFs {
         }
     }
 
+    /// FORGET: the kernel drops `nlookup` lookup references on `ino`; at zero the inode
+    /// leaves the table and its fd is closed (outside the table's lock). Never fails.
     pub fn forget(&self, ino: u64, nlookup: u64) {
         if virt::is_virtual(ino) {
             self.virt.forget(ino, nlookup);
@@ -296,6 +307,8 @@ impl PassthroughFs {
         }
     }
 
+    /// GETATTR: `fstat` of the handle `fh` if given (it survives an unlink), else of the
+    /// inode's fd. Attributes are valid for [`TTL`].
     pub fn getattr(&self, ino: u64, fh: Option<u64>) -> io::Result<(FileAttr, Duration)> {
         if virt::is_virtual(ino) {
             return self.virt.getattr(self, ino);
@@ -311,6 +324,11 @@ impl PassthroughFs {
         Ok((attr_from_stat(ino, &st), TTL))
     }
 
+    /// SETATTR: chmod, chown, truncate and utimes in one request, in that order, through one
+    /// [`gate::ObjectPermit`] (Layer 1 backs the object up first). `set.fh` names the handle
+    /// the request came through: used for ftruncate/fchmod/futimens when it is on this
+    /// inode. Clears setuid/setgid as the VFS would have (`privs`), judged on the mode
+    /// before the change. Returns the attributes after the change.
     pub fn setattr(
         &self,
         caller: &Caller,
@@ -375,6 +393,7 @@ impl PassthroughFs {
         Ok(rule(st.st_mode, st.st_gid, &privs::Privilege::of(caller)))
     }
 
+    /// READLINK of a symlink inode (or a view's symlink). No change.
     pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
         if virt::is_virtual(ino) {
             return self.virt.readlink(self, ino);
@@ -392,6 +411,10 @@ impl PassthroughFs {
         self.inode(parent)
     }
 
+    /// MKNOD of `name` in `parent` (fifo, socket, device; `umask` applied as SRC's
+    /// filesystem does under FUSE_DONT_MASK), as the caller's fs uid/gid. The gate backs up
+    /// the name (its absence) first. On success the kernel holds one lookup reference on
+    /// the new inode.
     pub fn mknod(
         &self,
         caller: &Caller,
@@ -406,6 +429,9 @@ impl PassthroughFs {
         })
     }
 
+    /// MKDIR of `name` in `parent`, as the caller's fs uid/gid; the gate records the name's
+    /// absence first (as a directory, for the exclusion rules). One lookup reference on
+    /// success.
     pub fn mkdir(
         &self,
         caller: &Caller,
@@ -419,6 +445,8 @@ impl PassthroughFs {
         })
     }
 
+    /// SYMLINK `name` → `target` in `parent`, as the caller's fs uid/gid; the gate records
+    /// the name's absence first. One lookup reference on success.
     pub fn symlink(
         &self,
         caller: &Caller,
@@ -456,6 +484,9 @@ impl PassthroughFs {
         })
     }
 
+    /// LINK: a new name `new_name` in `new_parent` for inode `ino`. The gate records the
+    /// new name's absence first (the object itself does not change). One lookup reference
+    /// on success.
     pub fn link(
         &self,
         caller: &Caller,
@@ -477,10 +508,13 @@ impl PassthroughFs {
         })
     }
 
+    /// UNLINK `name` in `parent`: the gate backs up what the name holds first (Layer 1
+    /// pre-image), then the name goes. Lookup references are the kernel's to drop.
     pub fn unlink(&self, caller: &Caller, parent: u64, name: &OsStr) -> io::Result<()> {
         self.remove(caller, parent, name, 0)
     }
 
+    /// RMDIR `name` in `parent`: as [`PassthroughFs::unlink`], for an (empty) directory.
     pub fn rmdir(&self, caller: &Caller, parent: u64, name: &OsStr) -> io::Result<()> {
         self.remove(caller, parent, name, libc::AT_REMOVEDIR)
     }
@@ -500,6 +534,11 @@ impl PassthroughFs {
         })
     }
 
+    /// RENAME `name` in `parent` to `new_name` in `new_parent` with `flags`
+    /// (RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT, passed to renameat2 as given).
+    /// The gate records both names first; a moved directory's tracked subtree is recorded
+    /// under both (never walking a symlink). The inode table's origins follow the move
+    /// (and the exchange). `.checkpoint` at the root can be neither source nor target.
     pub fn rename(
         &self,
         caller: &Caller,
@@ -560,6 +599,10 @@ impl PassthroughFs {
         flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
     }
 
+    /// OPEN of inode `ino` with `flags`. An open that can write or truncate passes the gate
+    /// (an [`gate::ObjectPermit`]: Layer 1 backs the file up first) and yields the handle's
+    /// [`gate::WritableFd`]; a read-only open does not. With kernel passthrough a regular
+    /// file also gets a backing id (`make_backing`), shared by the inode's handles.
     pub fn open(
         &self,
         caller: &Caller,
@@ -653,6 +696,9 @@ impl PassthroughFs {
         }
     }
 
+    /// CREATE: `name` in `parent`, created and opened with `flags` as the caller's fs
+    /// uid/gid. The gate records the name's absence first. One lookup reference on the new
+    /// inode, and a writable handle as [`PassthroughFs::open`] gives.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
@@ -685,6 +731,8 @@ impl PassthroughFs {
         })
     }
 
+    /// READ of up to `size` bytes at `offset` through handle `fh` into `out` (shorter at
+    /// EOF). No change.
     pub fn read(
         &self,
         ino: u64,
@@ -713,6 +761,11 @@ impl PassthroughFs {
         Ok(())
     }
 
+    /// WRITE of `data` at `offset` through handle `fh`, which must have been opened for
+    /// writing through the gate (its [`gate::WritableFd`]; EBADF otherwise). No backup of its
+    /// own: the open was gated, and a checkpoint captures files open for writing. With
+    /// `kill_suidgid`, clears setuid/setgid as the VFS would. Writes to `ctl` take checkpoint
+    /// ids (see `virt`).
     #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
@@ -795,6 +848,8 @@ impl PassthroughFs {
             .then_some(rel)
     }
 
+    /// RELEASE of handle `fh`: the handle and its fd go. A written exclusion-rules file
+    /// (`.gitignore`) takes effect here at the latest. Never fails.
     pub fn release(&self, fh: u64) {
         if virt::is_virtual_handle(fh) {
             self.virt.release(self, fh);
@@ -806,6 +861,7 @@ impl PassthroughFs {
         }
     }
 
+    /// FSYNC / FSYNCDIR of handle `fh` (fdatasync with `datasync`). No change to content.
     pub fn fsync(&self, fh: u64, datasync: bool) -> io::Result<()> {
         if virt::is_virtual_handle(fh) {
             return Ok(());
@@ -820,6 +876,8 @@ impl PassthroughFs {
         }
     }
 
+    /// FALLOCATE through the writable handle `fh` (EBADF if it is not one): gated as a
+    /// write.
     pub fn fallocate(
         &self,
         caller: &Caller,
@@ -837,6 +895,7 @@ impl PassthroughFs {
         permit.fallocate(mode, offset, length)
     }
 
+    /// LSEEK (SEEK_DATA/SEEK_HOLE included) on handle `fh`. No change.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
         if virt::is_virtual_handle(fh) {
             return self.virt.lseek(fh, offset, whence);
@@ -848,6 +907,8 @@ impl PassthroughFs {
         sys::lseek(f.fd(), offset, whence)
     }
 
+    /// COPY_FILE_RANGE from handle `fh_in` into the writable handle `fh_out` (EBADF if it is
+    /// not one): gated as a write to `fh_out`. At most what a u32 reply can count.
     #[allow(clippy::too_many_arguments)]
     pub fn copy_file_range(
         &self,
@@ -874,6 +935,7 @@ impl PassthroughFs {
 
     // ---- directories ------------------------------------------------------------------------
 
+    /// OPENDIR: a directory handle with its own stream. No change.
     pub fn opendir(&self, ino: u64) -> io::Result<u64> {
         if virt::is_virtual(ino) {
             return self.virt.opendir(self, ino);
@@ -994,17 +1056,20 @@ impl PassthroughFs {
         Ok(())
     }
 
+    /// RELEASEDIR: the directory handle goes. Never fails.
     pub fn releasedir(&self, fh: u64) {
         self.release(fh);
     }
 
     // ---- misc ------------------------------------------------------------------------------
 
+    /// STATFS of SRC's filesystem.
     pub fn statfs(&self) -> io::Result<libc::statvfs> {
         let root = self.inode(ROOT_INO)?;
         sys::fstatvfs(root.fd()?.as_fd())
     }
 
+    /// ACCESS check of `mask` on `ino` (only asked without `default_permissions`). No change.
     pub fn access(&self, ino: u64, mask: i32) -> io::Result<()> {
         if virt::is_virtual(ino) {
             return self.virt.access(ino, mask);
@@ -1030,6 +1095,8 @@ impl PassthroughFs {
         std::ffi::CString::new(name.as_bytes()).map_err(|_| errno(libc::EINVAL))
     }
 
+    /// GETXATTR `name` of `ino` into `buf` (size query when `buf` is empty); a symlink's own
+    /// xattrs, not its target's. No change.
     pub fn getxattr(&self, ino: u64, name: &OsStr, buf: &mut [u8]) -> io::Result<usize> {
         if virt::is_virtual(ino) {
             return Err(errno(libc::ENODATA));
@@ -1039,6 +1106,7 @@ impl PassthroughFs {
         inode.with_xattr_path(|at| sys::getxattr(at, &name, buf))
     }
 
+    /// LISTXATTR of `ino` into `buf` (size query when `buf` is empty). No change.
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
         if virt::is_virtual(ino) {
             return Ok(0);
@@ -1047,6 +1115,9 @@ impl PassthroughFs {
         inode.with_xattr_path(|at| sys::listxattr(at, buf))
     }
 
+    /// SETXATTR `name` on `ino` through an [`gate::ObjectPermit`] (the object is backed up
+    /// first). Setting `system.posix_acl_access` may change the mode: setuid/setgid are
+    /// then cleared as the VFS would.
     pub fn setxattr(
         &self,
         caller: &Caller,
@@ -1070,6 +1141,7 @@ impl PassthroughFs {
         Ok(())
     }
 
+    /// REMOVEXATTR `name` from `ino` through an [`gate::ObjectPermit`].
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> io::Result<()> {
         if virt::is_virtual(ino) {
             return Err(errno(libc::EROFS));

@@ -160,9 +160,13 @@ pub struct History {
     /// Shared by mutations, exclusive for checkpoints and gc (see [`epoch`]). Lock order:
     /// the control maintenance lock → `epoch` → `state` → (store, journal, transcript).
     epoch: std::sync::RwLock<()>,
+    /// The model. Lock order: after `epoch`, before the store's, journal's and transcript's
+    /// own locks; never held across a copy, a sync or a /proc read (a path being copied is
+    /// marked `busy` instead), except gc waiting on the transcript writer (which never takes
+    /// it).
     state: Mutex<State>,
     busy_cond: Condvar,
-    /// (path, version) pairs waiting for the background copier.
+    /// (path, version) pairs waiting for the background copier. Lock order: a leaf.
     pending: Mutex<VecDeque<(String, u32)>>,
     pending_cond: Condvar,
     stopping: std::sync::atomic::AtomicBool,

@@ -83,7 +83,8 @@ pub struct Store {
     /// (`openat`, `renameat`, ...), and it is what gets fsynced to make names durable.
     dir_fd: File,
     policy: SyncPolicy,
-    /// Objects renamed into place and not yet synced ([`SyncPolicy::Batched`] only).
+    /// Objects renamed into place and not yet synced ([`SyncPolicy::Batched`] only). Lock
+    /// order: a leaf, never held across a sync (the list is taken out first).
     unsynced: Mutex<Vec<CString>>,
 }
 

@@ -29,6 +29,8 @@ pub struct Journal {
     path: PathBuf,
     /// `O_APPEND`; written only under `state`'s lock, synced outside it.
     file: File,
+    /// Lock order: a leaf (taken under `History::state`, never the other way); held across
+    /// an append's write(2) to the page cache, never across a sync.
     state: Mutex<State>,
     /// An append since the last sync was not synced (for [`Journal::sync_if_needed`]).
     unsynced: AtomicBool,
