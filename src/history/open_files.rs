@@ -11,7 +11,7 @@
 //!    is what passthrough writes are on SRC's file), and the direct read first writes back
 //!    and waits for the dirty pages in its range. So reading the whole file with a single
 //!    `pread` on an `O_DIRECT` descriptor returns its content at one moment: between two
-//!    `write` calls, never inside one ([`read_whole_atomically`]). Where `O_DIRECT` is not
+//!    `write` calls, never inside one ([`DirectRead`]). Where `O_DIRECT` is not
 //!    available, or the file is larger than [`MAX_ATOMIC_COPY`], the copy falls back to a
 //!    plain one, logged once.
 //! 2. **A file whose change time has not moved has not been written.** Timestamps are
@@ -24,11 +24,14 @@
 //! ([`History::precopy_open`]), without stalling anyone, and under the lock keeps each copy
 //! whose change key still holds; only files written in between are copied again, under the
 //! lock ([`History::capture_open_files`]). Several such files are copied at the same time,
-//! one thread each, so that their direct reads take the files' locks at nearly one moment: a
-//! program writing them in turn is held at one file while the others are read. Then all
-//! their keys are checked again, and the round is retried (up to [`CONSISTENT_ROUNDS`]
-//! times) until no file changed during it; a writer that never pauses gets the last round,
-//! each file whole, and a warning (logged once).
+//! one thread each, made ready first and then started together behind a barrier, so that
+//! their direct reads take the files' locks at nearly one moment: a program writing them in
+//! turn is held at one file while the others are read. Then all their keys are checked
+//! again; if any changed, every file is copied again (at least [`CONSISTENT_ROUNDS`] rounds,
+//! more within [`CONSISTENT_BUDGET`]) until none changed during a round. A writer that never
+//! pauses gets the last round, each file whole and all read together, and a warning (logged
+//! once). Copies stay in memory until their round is kept, so discarded rounds store
+//! nothing.
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -39,14 +42,21 @@ use log::{debug, warn};
 use super::track::meta_of;
 use super::{History, VersionState};
 use crate::sys;
-use crate::transcript::record::EntryKind;
+use crate::transcript::record::{EntryKind, EntryMeta};
 
 /// Largest file copied with one direct read (it needs a buffer that size).
 pub const MAX_ATOMIC_COPY: u64 = 512 << 20;
 
-/// How many times the files open for writing are copied again, under the epoch lock, to
-/// get copies of one moment across files.
+/// The files open for writing are copied again, under the epoch lock, until their copies
+/// show one moment across files: at least this many rounds...
 pub const CONSISTENT_ROUNDS: usize = 3;
+
+/// ...and more while the checkpoint has spent less than this on them (every mutation waits
+/// meanwhile, so the budget is small; a round of a few MiB takes milliseconds).
+pub const CONSISTENT_BUDGET: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// An upper bound on rounds whatever the time (tiny files under a writer that never pauses).
+const MAX_ROUNDS: usize = 64;
 
 /// Files open for writing copied at the same time (one thread each).
 const MAX_PARALLEL_COPIES: usize = 16;
@@ -81,7 +91,47 @@ impl ChangeKey {
 #[derive(Debug, Clone)]
 pub struct OpenCopy {
     key: ChangeKey,
-    state: VersionState,
+    content: CopyContent,
+}
+
+/// Where a copy's content is: in memory until a round of copies is known to show one moment
+/// (so that the rounds a checkpoint discards leave nothing in the store), or stored.
+#[derive(Debug, Clone)]
+enum CopyContent {
+    Read { meta: EntryMeta, data: Vec<u8> },
+    Stored(VersionState),
+}
+
+impl OpenCopy {
+    /// The copy's version state, its content put into the store if it is not yet.
+    fn store(self, history: &History) -> io::Result<OpenCopy> {
+        let state = match self.content {
+            CopyContent::Stored(state) => state,
+            CopyContent::Read { meta, data } => VersionState::Present {
+                meta,
+                object: Some(history.store().put_bytes(&data)?.name),
+            },
+        };
+        Ok(OpenCopy {
+            key: self.key,
+            content: CopyContent::Stored(state),
+        })
+    }
+
+    fn into_state(self, history: &History) -> io::Result<VersionState> {
+        match self.store(history)?.content {
+            CopyContent::Stored(state) => Ok(state),
+            CopyContent::Read { .. } => unreachable!("store() leaves a stored copy"),
+        }
+    }
+}
+
+/// A copy made ready to read (see [`DirectRead`]): everything but the read itself.
+struct PreparedCopy {
+    key: ChangeKey,
+    meta: EntryMeta,
+    /// `None`: no direct read possible here, copied piecewise instead.
+    direct: Option<DirectRead>,
 }
 
 /// Copies made before a checkpoint, by path (see [`History::precopy_open`]).
@@ -128,48 +178,86 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// The whole content of the regular file behind `fd` (any descriptor of it, O_PATH will do)
-/// as of one moment, read with a single direct read (fact 1 in the module docs). `None` when
-/// that cannot be done here: the filesystem refuses `O_DIRECT`, or the file is larger than
-/// [`MAX_ATOMIC_COPY`].
-pub(crate) fn read_whole_atomically(fd: BorrowedFd<'_>) -> io::Result<Option<Vec<u8>>> {
-    let file = sys::reopen_for_reading(fd.as_raw_fd(), libc::O_DIRECT);
-    let file = match file {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    // The size can grow between the fstat and the read: one spare block shows whether the
-    // read reached the end; if it did not, read again with the new size.
-    for _ in 0..4 {
+/// A whole-file direct read made ready: the descriptor opened `O_DIRECT` and a buffer for
+/// the size the file has now, so that [`DirectRead::read`] is one `pread` and nothing else
+/// (copies of several files can then start their reads together, see
+/// [`History::copy_missing`]).
+struct DirectRead {
+    file: std::os::fd::OwnedFd,
+    buf: AlignedBuf,
+}
+
+impl DirectRead {
+    /// `None` when a direct read cannot be done here: the filesystem refuses `O_DIRECT`, or
+    /// the file is larger than [`MAX_ATOMIC_COPY`].
+    fn prepare(fd: BorrowedFd<'_>) -> io::Result<Option<DirectRead>> {
+        let file = match sys::reopen_for_reading(fd.as_raw_fd(), libc::O_DIRECT) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        DirectRead::sized(file)
+    }
+
+    /// A buffer for the file's current size plus one spare block, which shows whether the
+    /// read reached the end.
+    fn sized(file: std::os::fd::OwnedFd) -> io::Result<Option<DirectRead>> {
         let size = sys::fstat(file.as_fd())?.st_size.max(0) as u64;
         if size > MAX_ATOMIC_COPY {
             return Ok(None);
         }
         let len = (size as usize).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN + DIRECT_ALIGN;
-        let mut buf = AlignedBuf::new(len)?;
-        let slice = buf.as_mut_slice();
-        let n = loop {
-            // SAFETY: `slice` is valid for `len` writable bytes; the fd is open.
-            let r =
-                unsafe { libc::pread(file.as_raw_fd(), slice.as_mut_ptr().cast(), slice.len(), 0) };
-            if r >= 0 {
-                break r as usize;
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                // Alignment the device does not accept: no direct read here.
-                Some(libc::EINVAL) => return Ok(None),
-                _ => return Err(e),
-            }
-        };
-        if n < len {
-            return Ok(Some(slice[..n].to_vec()));
-        }
+        Ok(Some(DirectRead {
+            file,
+            buf: AlignedBuf::new(len)?,
+        }))
     }
-    // Growing faster than it can be read: not a moment we can catch.
-    Ok(None)
+
+    /// The whole content as of one moment (fact 1 in the module docs): one `pread`; if the
+    /// file grew past the buffer meanwhile, again with the new size (a few times at most).
+    fn read(mut self) -> io::Result<Option<Vec<u8>>> {
+        for _ in 0..4 {
+            let slice = self.buf.as_mut_slice();
+            let len = slice.len();
+            let n = loop {
+                // SAFETY: `slice` is valid for `len` writable bytes; the fd is open.
+                let r = unsafe {
+                    libc::pread(self.file.as_raw_fd(), slice.as_mut_ptr().cast(), len, 0)
+                };
+                if r >= 0 {
+                    break r as usize;
+                }
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    // Alignment the device does not accept: no direct read here.
+                    Some(libc::EINVAL) => return Ok(None),
+                    _ => return Err(e),
+                }
+            };
+            if n < len {
+                return Ok(Some(slice[..n].to_vec()));
+            }
+            match DirectRead::sized(self.file)? {
+                Some(bigger) => self = bigger,
+                None => return Ok(None),
+            }
+        }
+        // Growing faster than it can be read: not a moment we can catch.
+        Ok(None)
+    }
+}
+
+/// The whole content of the regular file behind `fd` (any descriptor of it, O_PATH will do)
+/// as of one moment, read with a single direct read (fact 1 in the module docs). `None` when
+/// that cannot be done here: the filesystem refuses `O_DIRECT`, or the file is larger than
+/// [`MAX_ATOMIC_COPY`].
+#[cfg(test)]
+fn read_whole_atomically(fd: BorrowedFd<'_>) -> io::Result<Option<Vec<u8>>> {
+    match DirectRead::prepare(fd)? {
+        Some(r) => r.read(),
+        None => Ok(None),
+    }
 }
 
 impl History {
@@ -182,7 +270,11 @@ impl History {
             if self.is_excluded(rel, Some(false)) {
                 continue;
             }
-            match self.copy_open(rel) {
+            // Stored now, outside the epoch lock.
+            match self
+                .copy_open(rel)
+                .and_then(|c| c.map(|c| c.store(self)).transpose())
+            {
                 Ok(Some(copy)) => {
                     out.insert(rel.to_string(), copy);
                 }
@@ -204,54 +296,68 @@ impl History {
         for rel in paths {
             let current = self.change_key(rel)?;
             let kept = match (pre.remove(rel), current) {
-                (Some(c), Some(now)) if c.key == now && self.still_stored(&c.state) => Some(c),
+                (Some(c), Some(now)) if c.key == now && self.still_stored(&c.content) => Some(c),
                 _ => None,
             };
             copies.push((rel.clone(), kept));
         }
-        for round in 1..=CONSISTENT_ROUNDS {
+        let started = std::time::Instant::now();
+        for round in 1..=MAX_ROUNDS {
             self.copy_missing(&mut copies)?;
             // Every copy still current at the same moment, now: they show one moment.
             let mut stale = 0;
-            for (rel, copy) in copies.iter_mut() {
-                let Some(c) = copy else { continue };
-                if self.change_key(rel)? != Some(c.key) {
+            for (rel, copy) in &copies {
+                if let Some(c) = copy
+                    && self.change_key(rel)? != Some(c.key)
+                {
                     stale += 1;
-                    if round < CONSISTENT_ROUNDS {
-                        *copy = None;
-                    }
                 }
             }
             if stale == 0 {
                 break;
             }
-            if round == CONSISTENT_ROUNDS {
+            let last = round == MAX_ROUNDS
+                || (round >= CONSISTENT_ROUNDS && started.elapsed() >= CONSISTENT_BUDGET);
+            if last {
                 log_once(&INCONSISTENT_LOGGED, || {
                     format!(
                         "checkpoint: {stale} of {} files open for writing kept changing during \
-                         {CONSISTENT_ROUNDS} copy rounds; each copy is whole, but they may show \
-                         slightly different moments",
-                        copies.len()
+                         {round} copy rounds ({:?}); each copy is whole, and the last round's \
+                         reads started together, but they may show slightly different moments",
+                        copies.len(),
+                        started.elapsed()
                     )
                 });
+                break;
+            }
+            debug!("checkpoint: {stale} files open for writing changed during round {round}");
+            // All of them again, not only the stale ones: reads started together show one
+            // moment even when the writer never pauses (see `copy_missing`).
+            if copies.len() > 1 {
+                for (_, copy) in copies.iter_mut() {
+                    *copy = None;
+                }
+            } else {
+                copies[0].1 = None;
             }
         }
         copies
             .into_iter()
             .map(|(rel, copy)| match copy {
-                Some(c) => Ok((rel, c.state)),
+                Some(c) => Ok((rel, c.into_state(self)?)),
                 // Not a regular file (anymore): recorded like any other path.
                 None => Ok((rel.clone(), self.capture(&rel)?.0)),
             })
             .collect()
     }
 
-    /// Makes the copies that are `None`, all at once: each in its own thread, so that their
-    /// direct reads take their files' locks at nearly the same moment. A writer that writes
-    /// the files in turn is then held at one of them while the others are read, and the
-    /// copies show one moment even when it never pauses.
+    /// Makes the copies that are `None`, all at once: each in its own thread, made ready
+    /// (opened, buffer allocated) first, then all direct reads started together behind a
+    /// barrier, so that they take their files' locks at nearly the same moment. A writer
+    /// that writes the files in turn is then held at one of them while the others are read,
+    /// and the copies show one moment even when it never pauses.
     fn copy_missing(&self, copies: &mut [(String, Option<OpenCopy>)]) -> io::Result<()> {
-        let missing: Vec<&mut (String, Option<OpenCopy>)> =
+        let mut missing: Vec<&mut (String, Option<OpenCopy>)> =
             copies.iter_mut().filter(|(_, c)| c.is_none()).collect();
         if missing.len() <= 1 {
             for (rel, copy) in missing {
@@ -260,14 +366,23 @@ impl History {
             return Ok(());
         }
         let mut result: io::Result<()> = Ok(());
-        let mut missing = missing;
         for batch in missing.chunks_mut(MAX_PARALLEL_COPIES) {
+            let start_together = std::sync::Barrier::new(batch.len());
             std::thread::scope(|scope| {
                 let handles: Vec<_> = batch
                     .iter_mut()
                     .map(|entry| {
                         let rel = entry.0.clone();
-                        scope.spawn(move || self.copy_open(&rel))
+                        let start_together = &start_together;
+                        scope.spawn(move || {
+                            let prepared = self.prepare_copy(&rel);
+                            // Every thread reaches the barrier, whatever its preparation gave.
+                            start_together.wait();
+                            match prepared {
+                                Ok(Some(p)) => self.finish_copy(&rel, p).map(Some),
+                                other => other.map(|_| None),
+                            }
+                        })
                     })
                     .collect();
                 for (entry, handle) in batch.iter_mut().zip(handles) {
@@ -295,11 +410,11 @@ impl History {
     }
 
     /// A pre-copy's object can have been swept by a gc that ran before the checkpoint.
-    fn still_stored(&self, state: &VersionState) -> bool {
-        match state {
-            VersionState::Present {
+    fn still_stored(&self, content: &CopyContent) -> bool {
+        match content {
+            CopyContent::Stored(VersionState::Present {
                 object: Some(name), ..
-            } => self.store().contains(name),
+            }) => self.store().contains(name),
             _ => true,
         }
     }
@@ -307,42 +422,60 @@ impl History {
     /// A copy of the regular file `rel` as of one moment, with the change key from before
     /// it; `None` if `rel` is absent or not a regular file.
     fn copy_open(&self, rel: &str) -> io::Result<Option<OpenCopy>> {
+        match self.prepare_copy(rel)? {
+            Some(p) => self.finish_copy(rel, p).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Everything a copy of `rel` needs before its read: its change key and metadata, and a
+    /// direct read made ready. `None` if `rel` is absent or not a regular file.
+    fn prepare_copy(&self, rel: &str) -> io::Result<Option<PreparedCopy>> {
         let Some(fd) = self.open_existing(rel)? else {
             return Ok(None);
         };
         let st = sys::fstat(fd.as_fd())?;
-        let Some(mut meta) = meta_of(&st) else {
+        let Some(meta) = meta_of(&st) else {
             return Ok(None);
         };
         if meta.kind != EntryKind::File {
             return Ok(None);
         }
-        let key = ChangeKey::of(&st);
-        let object = match read_whole_atomically(fd.as_fd())? {
-            Some(data) => {
-                meta.size = data.len() as u64;
-                self.store().put_bytes(&data)?
-            }
-            None => {
-                log_once(&PLAIN_COPY_LOGGED, || {
-                    format!(
-                        "checkpoint: {rel} is open for writing and cannot be read in one direct \
-                         read (no O_DIRECT on SRC's filesystem, or larger than {} MiB); it is \
-                         copied piecewise, so its view can mix writes made during the copy",
-                        MAX_ATOMIC_COPY >> 20
-                    )
-                });
-                let (state, _) = self.capture(rel)?;
-                return Ok(Some(OpenCopy { key, state }));
-            }
-        };
-        Ok(Some(OpenCopy {
-            key,
-            state: VersionState::Present {
-                meta,
-                object: Some(object.name),
-            },
+        Ok(Some(PreparedCopy {
+            key: ChangeKey::of(&st),
+            meta,
+            direct: DirectRead::prepare(fd.as_fd())?,
         }))
+    }
+
+    /// The read of a prepared copy: one direct read, kept in memory; piecewise into the
+    /// store where no direct read is possible.
+    fn finish_copy(&self, rel: &str, p: PreparedCopy) -> io::Result<OpenCopy> {
+        let data = match p.direct {
+            Some(read) => read.read()?,
+            None => None,
+        };
+        let Some(data) = data else {
+            log_once(&PLAIN_COPY_LOGGED, || {
+                format!(
+                    "checkpoint: {rel} is open for writing and cannot be read in one direct \
+                     read (no O_DIRECT on SRC's filesystem, or larger than {} MiB); it is \
+                     copied piecewise, so its view can mix writes made during the copy",
+                    MAX_ATOMIC_COPY >> 20
+                )
+            });
+            let (state, _) = self.capture(rel)?;
+            return Ok(OpenCopy {
+                key: p.key,
+                content: CopyContent::Stored(state),
+            });
+        };
+        let mut meta = p.meta;
+        meta.size = data.len() as u64;
+        Ok(OpenCopy {
+            key: p.key,
+            content: CopyContent::Read { meta, data },
+        })
     }
 }
 
