@@ -529,3 +529,97 @@ print(s.makefile().readline(), end="")
         "mine\n"
     );
 }
+
+/// Issue 11 item 1: a local user who owns a directory in the tree swaps it for a symlink to a
+/// root-only file outside, over and over, while root rewinds (each rewind changes that
+/// directory's mode). Nothing outside the tree may change: not the file's mode, owner or
+/// content. Before the fix, root's rewind made the target 0777 in 6 of 6 trials.
+#[test]
+fn a_directory_swapped_for_a_symlink_during_rewinds_never_leads_them_out_of_the_tree() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut m = TestMount::unmounted(&[]);
+    let (uid, gid) = common::test_user("cpfs-test-swap");
+    let target = m.root().join("root-only");
+    fs::write(&target, "root's secret\n").unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
+    // pub/ is writable by everyone (so the user may rename in it); pub/u is the user's.
+    let public = m.src.join("pub");
+    fs::create_dir(&public).unwrap();
+    fs::set_permissions(&public, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::create_dir(public.join("u")).unwrap();
+    fs::write(public.join("u/f"), "user file\n").unwrap();
+    for p in [public.join("u"), public.join("u/f")] {
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).unwrap();
+    }
+    std::os::unix::fs::symlink(&target, public.join("lnk")).unwrap();
+    std::os::unix::fs::lchown(public.join("lnk"), Some(uid), Some(gid)).unwrap();
+    for dir in [m.root(), m.src.clone()] {
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    m.mount();
+    // Two checkpoints between which pub/u's mode differs: every rewind sets it.
+    fs::set_permissions(m.mnt.join("pub/u"), fs::Permissions::from_mode(0o700)).unwrap();
+    checkpoint(&m, "c700");
+    fs::set_permissions(m.mnt.join("pub/u"), fs::Permissions::from_mode(0o755)).unwrap();
+    checkpoint(&m, "c755");
+
+    // The attacker: RENAME_EXCHANGE pub/u <-> pub/lnk in SRC as fast as it can, until its
+    // stdin closes.
+    let script = format!(
+        r#"
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+os.chdir({public:?})
+print("ready", flush=True)
+n = 0
+while not stop.is_set():
+    if libc.renameat2(-100, b"u", -100, b"lnk", 2) == 0:
+        n += 1
+print(n, flush=True)
+"#,
+        public = public.to_str().unwrap()
+    );
+    let (u, g) = (uid.to_string(), gid.to_string());
+    let mut attacker = std::process::Command::new("setpriv")
+        .args(["--reuid", &u, "--regid", &g, "--clear-groups", "--"])
+        .args(["/usr/bin/python3", "-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(attacker.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..40 {
+        let id = if i % 2 == 0 { "c700" } else { "c755" };
+        let r = cli(&["rewind", m.mnt.to_str().unwrap(), id]);
+        if r.status.success() {
+            ok += 1;
+        } else {
+            // What is there is not what was planned: reported and left alone.
+            refused += 1;
+        }
+        let st = fs::symlink_metadata(&target).unwrap();
+        assert_eq!(
+            (st.mode() & 0o7777, st.uid(), st.gid()),
+            (0o600, 0, 0),
+            "rewind {i} changed the file outside the tree"
+        );
+    }
+    drop(attacker.stdin.take());
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(attacker.wait().unwrap().success());
+    let swaps: u64 = line.trim().parse().unwrap();
+    eprintln!("{ok} rewinds done, {refused} refused, {swaps} swaps meanwhile");
+    assert_eq!(fs::read_to_string(&target).unwrap(), "root's secret\n");
+    assert!(swaps > 40, "the attacker swapped only {swaps} times");
+    assert!(
+        ok + refused == 40 && ok > 0,
+        "{ok} rewinds done, {refused} refused"
+    );
+}
