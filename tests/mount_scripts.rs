@@ -687,13 +687,13 @@ fn mount_helper_translates_exclusion_options() {
     assert_eq!(
         stdout(&out),
         format!(
-            "{BIN} mount /p/src /p/mnt --state-dir /s --respect-gitignore --exclude-from /etc/cpfs-excludes --exclude-from /x --exclude target\n"
+            "{BIN} mount /p/src /p/mnt --state-dir /s --respect-gitignore --exclude-from /etc/cpfs-excludes --exclude-from /x --exclude target -o dev\\,suid\n"
         )
     );
     let out = dry_run("no_respect_gitignore");
     assert_eq!(
         stdout(&out),
-        format!("{BIN} mount /p/src /p/mnt --no-respect-gitignore\n")
+        format!("{BIN} mount /p/src /p/mnt --no-respect-gitignore -o dev\\,suid\n")
     );
     let out = dry_run("exclude_from=");
     assert_eq!(out.status.code(), Some(1));
@@ -709,16 +709,17 @@ fn mount_helper_translates_options() {
     assert_eq!(
         stdout(&out),
         format!(
-            "{BIN} mount /p/src /p/mnt --state-dir /var/lib/checkpointfs/p --exclude target --exclude \\*.o --allow-other --no-passthrough --threads 3 -o rw\n"
+            "{BIN} mount /p/src /p/mnt --state-dir /var/lib/checkpointfs/p --exclude target --exclude \\*.o --allow-other --no-passthrough --threads 3 -o dev\\,suid\\,rw\n"
         )
     );
-    // Kernel options become one `-o` list, in order (the binary lets a later one win).
+    // Kernel options become one `-o` list, in order (the binary lets a later one win), after
+    // the defaults a local filesystem mounted by root has (dev,suid).
     let out = dry_run("ro,state_dir=/s,noatime,nodev,dev,suid,noexec,strictatime,nodiratime,rw");
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
         format!(
-            "{BIN} mount /p/src /p/mnt --state-dir /s -o ro\\,noatime\\,nodev\\,dev\\,suid\\,noexec\\,strictatime\\,nodiratime\\,rw\n"
+            "{BIN} mount /p/src /p/mnt --state-dir /s -o dev\\,suid\\,ro\\,noatime\\,nodev\\,dev\\,suid\\,noexec\\,strictatime\\,nodiratime\\,rw\n"
         )
     );
     // A remount (as mount(8) runs it: the mount's current options merged with the new ones)
@@ -759,7 +760,7 @@ fn mount_helper_translates_options() {
     );
     assert!(out.status.success());
     assert!(stderr(&out).contains("ignoring unsupported option 'bogus'"));
-    assert!(stdout(&out).ends_with(" mount /p/src /p/mnt --state-dir /s\n"));
+    assert!(stdout(&out).ends_with(" mount /p/src /p/mnt --state-dir /s -o dev\\,suid\n"));
     let out = run_script(
         "mount.fuse.checkpointfs",
         &["/nonexistent", "/nonexistent", "-f", "-o", "rw"],
@@ -787,6 +788,17 @@ fn fstype_of(mnt: &Path) -> Option<String> {
         .rev()
         .find(|(p, _)| p == mnt)
         .map(|(_, t)| t)
+}
+
+/// The kernel's per-mount options of `mnt` (field 6 of /proc/self/mountinfo).
+fn mount_flags_of(mnt: &Path) -> Vec<String> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .rev()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.len() > 5 && Path::new(f[4]) == mnt)
+        .map(|f| f[5].split(',').map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 fn umount_cli(mnt: &Path) {
@@ -872,6 +884,13 @@ fn mount_helper_mounts_directly_via_mount_8_and_via_fstab() {
         stderr(&out)
     );
     assert_eq!(fstype_of(&m.mnt).as_deref(), Some("fuse.checkpointfs"));
+    // Mounted by root through mount(8): dev and suid, as a local filesystem (xfstests
+    // generic/184, 306, 434 open device nodes made in the tree).
+    let flags = mount_flags_of(&m.mnt);
+    assert!(
+        !flags.iter().any(|f| f == "nodev" || f == "nosuid"),
+        "{flags:?}"
+    );
     fs::write(m.mnt.join("hello"), "changed\n").unwrap();
     let out = run_script("checkpoint-now", &["via-mount8"], &m.mnt);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -904,7 +923,7 @@ fn mount_helper_mounts_directly_via_mount_8_and_via_fstab() {
     fs::write(
         &fstab,
         format!(
-            "{} {} fuse.checkpointfs state_dir={state},nofail 0 0\n",
+            "{} {} fuse.checkpointfs state_dir={state},nofail,nodev 0 0\n",
             m.src.display(),
             m.mnt.display()
         ),
@@ -919,6 +938,10 @@ fn mount_helper_mounts_directly_via_mount_8_and_via_fstab() {
     );
     assert!(out.status.success(), "mount -T fstab: {}", stderr(&out));
     assert_eq!(fstype_of(&m.mnt).as_deref(), Some("fuse.checkpointfs"));
+    // The fstab line's nodev wins over the default dev; suid stays.
+    let flags = mount_flags_of(&m.mnt);
+    assert!(flags.iter().any(|f| f == "nodev"), "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "nosuid"), "{flags:?}");
     assert!(
         checkpoints(&m.mnt).contains(&"via-mount8".to_string()),
         "same state dir"
