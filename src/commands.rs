@@ -393,7 +393,7 @@ pub fn log(target: &Target, json: bool, session: Option<&str>) -> i32 {
         json,
         session: session.map(str::to_string),
     };
-    report(target, req, |h| h.log_output(json, session))
+    report(target, req, |h| crate::report::log_output(h, json, session))
 }
 
 /// `checkpointfs diff MNT M [N] | --state-dir DIR M [N]` with `--stat` / `--json`;
@@ -412,7 +412,9 @@ pub fn diff(
         json: format.json,
         session: session.map(str::to_string),
     };
-    report(target, req, |h| h.diff_output(from, to, format, session))
+    report(target, req, |h| {
+        crate::report::diff_output(h, from, to, format, session)
+    })
 }
 
 /// `checkpointfs status MNT | --state-dir DIR [--path P] [--json]`.

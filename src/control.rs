@@ -573,7 +573,7 @@ fn handle(
         Request::Log { json, session } => fs
             .history()
             .flush()
-            .and_then(|()| fs.history().log_output(json, session.as_deref())),
+            .and_then(|()| crate::report::log_output(fs.history(), json, session.as_deref())),
         Request::Diff {
             from,
             to,
@@ -587,7 +587,8 @@ fn handle(
                 None => Ok(()),
             };
             flushed.and_then(|()| {
-                fs.history().diff_output(
+                crate::report::diff_output(
+                    fs.history(),
                     &from,
                     to.as_deref(),
                     DiffFormat { stat, json },

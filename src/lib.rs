@@ -44,6 +44,7 @@ pub mod mountinfo;
     reason = "the per-user mount registry under XDG_RUNTIME_DIR, never SRC"
 )]
 pub mod registry;
+pub mod report;
 #[allow(
     clippy::disallowed_methods,
     reason = "acts on MNT, this daemon's own mount: the kernel sends each change back here as a FUSE request, which passes the gate"

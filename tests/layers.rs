@@ -27,8 +27,8 @@ const LAYERS: &[&[&str]] = &[
     // the daemon's control socket; the watchdog process; the record of mounts
     &["control", "watchdog", "registry"],
     // rewind (drives the mount through the core), the FUSE adapter, mounting through
-    // fusermount3, mount settings
-    &["rewind", "fuse_adapter", "fusermount", "settings"],
+    // fusermount3, mount settings, rendering the history's reports
+    &["rewind", "fuse_adapter", "fusermount", "settings", "report"],
     // the passthrough core and the mutation gate
     &["fs"],
     // the file-history system; kernel mount options

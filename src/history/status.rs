@@ -1,7 +1,7 @@
 //! `checkpointfs status`: where the history is, how big it is, what is excluded from it, and
 //! for one path whether and why it is tracked. One [`StatusReport`] gives both the text and
-//! the JSON (`checkpointfs.status/1`, documented in docs/json-output.md), so the two always
-//! carry the same facts.
+//! the JSON (`checkpointfs.status/1`, documented in docs/json-output.md), both rendered by
+//! [`crate::report`], so the two always carry the same facts.
 use std::fmt::Write as _;
 use std::io;
 
@@ -293,120 +293,5 @@ impl History {
             backup_in_current_message: dirty,
             text,
         })
-    }
-}
-
-impl StatusReport {
-    /// The report as `status` prints it: JSON or text.
-    pub fn render(&self, json: bool) -> io::Result<String> {
-        if json {
-            self.to_json()
-        } else {
-            Ok(self.to_text())
-        }
-    }
-
-    pub fn to_json(&self) -> io::Result<String> {
-        let mut s = serde_json::to_string_pretty(self)?;
-        s.push('\n');
-        Ok(s)
-    }
-
-    /// The whole status, or with `--path` only the answer for that path (one line, so a
-    /// script can use it as it is; `--json` has both).
-    pub fn to_text(&self) -> String {
-        let mut out = String::new();
-        if let Some(p) = &self.path {
-            let _ = writeln!(out, "{}", p.text);
-            return out;
-        }
-        let mount = match (self.mounted, self.daemon_pid) {
-            (true, Some(pid)) => format!("live (daemon pid {pid})"),
-            (true, None) => "live".to_string(),
-            (false, _) => "not mounted (read from the state dir)".to_string(),
-        };
-        let _ = writeln!(out, "mount:          {mount}");
-        let _ = writeln!(out, "state dir:      {}", self.state_dir);
-        let _ = writeln!(out, "source:         {}", self.source);
-        match &self.checkpoints.latest {
-            Some(c) => {
-                let _ = writeln!(
-                    out,
-                    "checkpoints:    {} (latest: {} at {})",
-                    self.checkpoints.count, c.id, c.time.time
-                );
-            }
-            None => {
-                let _ = writeln!(out, "checkpoints:    0");
-            }
-        }
-        let _ = writeln!(
-            out,
-            "tracked paths:  {} ({} changed since the last checkpoint)",
-            self.tracked_paths, self.changed_since_last_checkpoint
-        );
-        let _ = writeln!(
-            out,
-            "store:          {} objects, {} bytes",
-            self.store.objects, self.store.bytes
-        );
-        let _ = writeln!(out, "pending copies: {}", self.pending_copies);
-        if let Some(io) = &self.io {
-            let how = match &io.passthrough_off_reason {
-                None => "kernel passthrough (the kernel reads and writes SRC's files itself)"
-                    .to_string(),
-                Some(why) => format!("served by the daemon (kernel passthrough is off: {why})"),
-            };
-            let _ = writeln!(out, "file io:        {how}");
-            let mounted_by = if let Some(owner) = io.owner_uid {
-                format!("root (mount(2)) for uid {owner} (--owner: only that user may use it)")
-            } else if io.daemon_uid == 0 {
-                "root (mount(2))".to_string()
-            } else {
-                format!("uid {} (fusermount3)", io.daemon_uid)
-            };
-            let _ = writeln!(out, "mounted by:     {mounted_by}");
-            let now = match (io.read_only, io.mount_options.starts_with("ro,")) {
-                (true, false) => " (read-only now: remounted ro)",
-                (false, true) => " (read-write now: remounted rw)",
-                _ => "",
-            };
-            let _ = writeln!(out, "mount options:  {}{now}", io.mount_options);
-        }
-        self.exclusions_text(&mut out);
-        out
-    }
-
-    fn exclusions_text(&self, out: &mut String) {
-        let e = &self.exclusions;
-        let quoted = |patterns: &[String]| {
-            patterns
-                .iter()
-                .map(|p| format!("'{p}'"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if e.exclude.is_empty() {
-            let _ = writeln!(out, "exclude:        (none)");
-        } else {
-            let _ = writeln!(out, "exclude:        {}", quoted(&e.exclude));
-        }
-        if e.exclude_from.is_empty() {
-            let _ = writeln!(out, "exclude-from:   (none)");
-        }
-        for f in &e.exclude_from {
-            let patterns = if f.patterns.is_empty() {
-                "(no patterns)".to_string()
-            } else {
-                quoted(&f.patterns)
-            };
-            let _ = writeln!(out, "exclude-from:   {}: {patterns}", f.file.display());
-        }
-        let gitignore = match (e.respect_gitignore, e.ignore_files.is_empty()) {
-            (false, _) => "off".to_string(),
-            (true, true) => "on (no ignore files)".to_string(),
-            (true, false) => format!("on: {}", e.ignore_files.join(", ")),
-        };
-        let _ = writeln!(out, "gitignore:      {gitignore}");
     }
 }
