@@ -70,6 +70,29 @@ pub(crate) fn umount_syscall(path: &Path, lazy: bool) -> io::Result<()> {
     }
 }
 
+/// How long a busy mount is tried again before `umount` says so.
+const BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`umount_syscall`], trying again for up to [`BUSY_GRACE`] while the mount is busy. Some
+/// references to a mount outlive what made them by moments: a process that forks (any
+/// program spawning a child) copies every fd it has open there into the child until the
+/// child's exec closes them, and a killed process holds its files until its exit is done,
+/// which its parent need not wait for. A working directory or an open file held on purpose
+/// does not go away, and is reported after the grace period.
+fn umount_unless_busy(path: &Path, lazy: bool) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + BUSY_GRACE;
+    let mut pause = std::time::Duration::from_millis(10);
+    loop {
+        match umount_syscall(path, lazy) {
+            Err(e) if errno_of(&e) == libc::EBUSY && std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Without CAP_SYS_ADMIN, the setuid helper may still unmount a FUSE mount we own.
 pub(crate) fn fusermount_unmount(path: &Path, lazy: bool) -> bool {
     for helper in ["fusermount3", "fusermount"] {
@@ -170,7 +193,7 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
     };
     let pidfd = daemon_pid.and_then(pidfd_open);
 
-    match umount_syscall(&path, lazy) {
+    match umount_unless_busy(&path, lazy) {
         Ok(()) => {}
         Err(e) if errno_of(&e) == libc::EBUSY => {
             eprintln!(

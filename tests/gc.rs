@@ -196,11 +196,10 @@ fn wait_for_store(state: &Path, expected: &BTreeMap<String, u64>) {
 fn settle(m: &TestMount, expected: &BTreeMap<String, u64>) {
     wait_for_store(&m.state, expected);
     let mnt = m.mnt.to_str().unwrap();
+    // 0 once every copy, queued or in flight, is recorded.
     assert!(common::wait_until(Duration::from_secs(30), || {
         checked(&["status", mnt]).contains("pending copies: 0")
     }));
-    // A copy taken off the queue records itself a moment after its object lands.
-    std::thread::sleep(Duration::from_millis(300));
     checked(&["log", mnt]); // flushes the transcript
 }
 

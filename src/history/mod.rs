@@ -168,6 +168,9 @@ pub struct History {
     busy_cond: Condvar,
     /// (path, version) pairs waiting for the background copier. Lock order: a leaf.
     pending: Mutex<VecDeque<(String, u32)>>,
+    /// Copies the copier took off `pending` and has not yet recorded; changed only under
+    /// `pending`'s lock when it grows, so queued + in flight is never seen as 0 between.
+    copying: std::sync::atomic::AtomicUsize,
     pending_cond: Condvar,
     stopping: std::sync::atomic::AtomicBool,
 }

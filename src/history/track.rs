@@ -133,6 +133,7 @@ fn assemble(
         state: Mutex::new(state),
         busy_cond: Condvar::new(),
         pending: Mutex::new(pending),
+        copying: Default::default(),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
     }))
@@ -832,6 +833,7 @@ impl History {
                 let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
                     if let Some(item) = q.pop_front() {
+                        self.copying.fetch_add(1, Ordering::SeqCst);
                         break Some(item);
                     }
                     if self.stopping.load(Ordering::Relaxed) {
@@ -850,6 +852,8 @@ impl History {
                     "background copy of {path} failed: {e}; it will be copied on its next change"
                 );
             }
+            // Recorded (journal and transcript queue) or failed: no longer in flight.
+            self.copying.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -867,8 +871,10 @@ impl History {
         Ok(())
     }
 
-    /// Number of pending versions still to copy (for status and tests).
+    /// Number of pending versions still to copy or being copied by the copier (for status
+    /// and tests): 0 means every background copy so far is recorded.
     pub fn pending_copies(&self) -> usize {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
+        let q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        q.len() + self.copying.load(Ordering::SeqCst)
     }
 }
