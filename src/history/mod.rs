@@ -40,6 +40,7 @@
 //! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
 //! and never one inside the other.
 pub mod agent_state;
+mod checkpoint;
 pub mod epoch;
 pub mod exclusions;
 #[allow(
@@ -50,6 +51,7 @@ pub mod gc;
 pub mod logdiff;
 mod migrate;
 pub mod model;
+mod open;
 mod open_files;
 mod process;
 pub mod report;
@@ -286,4 +288,4 @@ pub fn rel_key(rel: &[u8]) -> Option<&str> {
 }
 
 pub use model::replay_for_fuzzing;
-pub use track::{open_history, open_history_readonly};
+pub use open::{open_history, open_history_readonly};

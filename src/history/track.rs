@@ -1,224 +1,21 @@
-//! Layer 1 (back up before the first change) and Layer 2 (checkpoints), plus replay.
-use std::collections::{BTreeMap, HashSet, VecDeque};
+//! Layer 1: back up a path before its first change in a message (the gate calls
+//! [`History::before_change`] and [`History::before_rename`]), the captures Layer 2 shares,
+//! and how backups reach the disk (`--durability`).
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::SystemTime;
 
 use log::{debug, info, warn};
 
-use super::model::{apply_record, backup_of, impossible};
-use super::store::{Store, SyncPolicy};
-use super::{Caller, Checkpoint, History, HistoryConfig, State, Version, VersionState, rel_key};
+use super::model::backup_of;
+use super::{Caller, History, State, Version, VersionState, rel_key};
 use crate::durability::{self, Durability};
-use crate::sys::{self, errno, open_source};
-use crate::transcript::journal::Journal;
+use crate::sys::{self, errno};
 use crate::transcript::record::{Actor, EntryKind, EntryMeta, Record, rfc3339};
-use crate::transcript::replay::{read_transcript, truncate_torn_tail};
-use crate::transcript::writer::{TranscriptWriter, rewrite_atomically};
-
-/// What replay found in a state dir.
-struct Loaded {
-    state: State,
-    transcript_outcome: crate::transcript::replay::ReadOutcome,
-    journal_tail: Vec<Record>,
-}
-
-/// Replays the transcript, then the journal records past its end, refusing an impossible
-/// history (see [`impossible`]) with a clear error. Reads only.
-fn load(state_dir: &std::path::Path, store: &Store) -> io::Result<Loaded> {
-    let transcript_path = state_dir.join("transcript.jsonl");
-    let journal_path = state_dir.join("backups").join("journal.jsonl");
-    let outcome = read_transcript(&transcript_path).map_err(to_io)?;
-    if let Some(line) = outcome.dropped_torn_line {
-        warn!(
-            "transcript {}: dropped a torn last line ({line}), left by a crash during an append",
-            transcript_path.display()
-        );
-    }
-    let last_seq = outcome.records.last().map_or(0, |r| r.seq);
-    let journal_tail = Journal::read_after(&journal_path, last_seq).map_err(to_io)?;
-    let mut state = State::default();
-    // One lookup per object, however many versions share it.
-    let mut seen = HashSet::new();
-    let mut has_object = |name: &str| {
-        seen.contains(name) || {
-            let found = store.contains(name);
-            if found {
-                seen.insert(name.to_string());
-            }
-            found
-        }
-    };
-    let transcript_len = outcome.records.len();
-    for (i, r) in outcome
-        .records
-        .iter()
-        .chain(journal_tail.iter())
-        .enumerate()
-    {
-        if let Some(why) = impossible(&state, r, &mut has_object) {
-            let file = if i < transcript_len {
-                &transcript_path
-            } else {
-                &journal_path
-            };
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{}: the record with seq {} describes an impossible history: {why}. The \
-                     file was damaged or edited; nothing was mounted. Restore the state dir \
-                     {} from a backup, or move it aside to start a new history",
-                    file.display(),
-                    r.seq,
-                    state_dir.display()
-                ),
-            ));
-        }
-        apply_record(&mut state, r);
-    }
-    state.next_seq = state.next_seq.max(last_seq + 1);
-    info!(
-        "replayed {} transcript records and {} journal records: {} checkpoints, {} tracked paths",
-        outcome.records.len(),
-        journal_tail.len(),
-        state.checkpoints.len(),
-        state.paths.len()
-    );
-    Ok(Loaded {
-        state,
-        transcript_outcome: outcome,
-        journal_tail,
-    })
-}
-
-fn assemble(
-    cfg: HistoryConfig,
-    source_fd: OwnedFd,
-    store: Arc<Store>,
-    state: State,
-    recorder: Option<super::Recorder>,
-) -> io::Result<Arc<History>> {
-    let pending: VecDeque<(String, u32)> = state
-        .paths
-        .iter()
-        .filter(|(_, h)| h.latest_is_pending())
-        .map(|(p, h)| (p.clone(), h.versions.len() as u32))
-        .collect();
-    // Read only with git's rules on: without them the user's git config is none of ours.
-    let global_excludes = cfg
-        .exclusions
-        .respect_gitignore
-        .then(super::exclusions::global_excludes_file)
-        .flatten();
-    let exclusions = super::Exclusions::new(
-        cfg.exclusions,
-        &cfg.source,
-        source_fd.try_clone()?,
-        global_excludes,
-    )?;
-    Ok(Arc::new(History {
-        source: cfg.source,
-        source_fd,
-        state_dir: cfg.state_dir,
-        store,
-        durability: cfg.durability,
-        layer1_stats: Default::default(),
-        sync_failing: Default::default(),
-        recorder,
-        exclusions,
-        epoch: std::sync::RwLock::new(()),
-        state: Mutex::new(state),
-        busy_cond: Condvar::new(),
-        pending: Mutex::new(pending),
-        copying: Default::default(),
-        pending_cond: Condvar::new(),
-        stopping: Default::default(),
-    }))
-}
-
-/// Opens the history in `cfg.state_dir` for a daemon: replays the transcript and the store
-/// journal, then starts recording.
-pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
-    let source_fd = match cfg.root.take() {
-        Some(fd) => fd,
-        None => open_source(&cfg.source)?,
-    };
-    // The daemon holds the state lock, so no gc is writing one of these right now.
-    super::gc::remove_stale_rewrites(&cfg.state_dir)?;
-    let policy = match cfg.durability {
-        Durability::Batched => SyncPolicy::Batched,
-        // Strict syncs the filesystem after each backup; process only at unmount.
-        Durability::Strict | Durability::Process => SyncPolicy::Caller,
-    };
-    let store = Arc::new(Store::open_with(&cfg.state_dir.join("backups"), policy)?);
-    let transcript_path = cfg.state_dir.join("transcript.jsonl");
-    let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
-    let mut loaded = load(&cfg.state_dir, &store)?;
-    if super::migrate::has_full_checkpoints(&loaded.transcript_outcome.records) {
-        // Once, for a state dir from before delta checkpoints: the rewrite also leaves the
-        // file ending on a line boundary.
-        let records = std::mem::take(&mut loaded.transcript_outcome.records);
-        let before = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
-        rewrite_atomically(&transcript_path, &super::migrate::to_delta_form(records))?;
-        let after = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
-        info!(
-            "transcript {}: rewrote its checkpoints in delta form ({before} -> {after} bytes)",
-            transcript_path.display()
-        );
-    } else {
-        // Leaves the file ending on a line boundary, which the writer requires.
-        truncate_torn_tail(&transcript_path, &loaded.transcript_outcome)?;
-    }
-
-    let journal = Arc::new(Journal::open(&journal_path)?);
-    let transcript = TranscriptWriter::start(&transcript_path)?;
-    {
-        // Once the transcript holds everything the journal does, the journal can go.
-        let journal = journal.clone();
-        transcript.set_on_durable(Box::new(move |seq| {
-            if let Err(e) = journal.truncate_if_covered(seq) {
-                warn!("truncating the store journal: {e}");
-            }
-        }));
-    }
-    if cfg.durability == Durability::Batched {
-        // A record durable in the transcript must not name an object a power loss can
-        // still take (strict mode syncs each object before its record exists; process
-        // mode promises nothing across a power loss).
-        let store = store.clone();
-        transcript.set_before_commit(Box::new(move || store.sync_batch().map(drop)));
-    }
-    // Records that reached only the journal before a crash belong in the transcript too.
-    for r in loaded.journal_tail {
-        transcript.append(r);
-    }
-    assemble(
-        cfg,
-        source_fd,
-        store,
-        loaded.state,
-        Some(super::Recorder {
-            journal,
-            transcript,
-        }),
-    )
-}
-
-/// Opens a state dir that no daemon serves, for `log`/`diff`/`status --state-dir`: replays
-/// everything, changes nothing on disk.
-pub fn open_history_readonly(cfg: HistoryConfig) -> io::Result<Arc<History>> {
-    let source_fd = open_source(&cfg.source)?;
-    let store = Arc::new(Store::open(&cfg.state_dir.join("backups"))?);
-    let loaded = load(&cfg.state_dir, &store)?;
-    assemble(cfg, source_fd, store, loaded.state, None)
-}
-
-fn to_io(e: crate::transcript::replay::ReplayError) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
-}
 
 pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
     let kind = match st.st_mode & libc::S_IFMT {
@@ -257,7 +54,7 @@ fn actor_key(a: &Actor) -> super::ActorKey {
 
 /// What a Layer 1 record still needs, after it is written, before the change may proceed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LayerSync {
+pub(super) enum LayerSync {
     /// No record was written.
     Nothing,
     /// Written; the mode syncs later (or never).
@@ -386,7 +183,7 @@ impl History {
 
     /// The common path of Layer 1 (caller = Some) and the background copier (fill): records
     /// what is needed, then makes it as durable as the mode asks, with the state unlocked.
-    fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
+    pub(super) fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
         let syncs_before = durability::syncs_on_this_thread();
         let (sync, wrote) = self.track_locked(rel, caller, fill)?;
         let recorded = sync != LayerSync::Nothing;
@@ -562,7 +359,7 @@ impl History {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn emit_layer1(
+    pub(super) fn emit_layer1(
         &self,
         st: &mut State,
         rel: &str,
@@ -592,7 +389,7 @@ impl History {
     }
 
     /// What a record written now still needs before the change may proceed.
-    fn sync_needed(&self, fresh_content: bool) -> LayerSync {
+    pub(super) fn sync_needed(&self, fresh_content: bool) -> LayerSync {
         match self.durability {
             Durability::Strict if fresh_content => LayerSync::Filesystem,
             Durability::Strict => LayerSync::Journal,
@@ -703,178 +500,5 @@ impl History {
         };
         let wrote = object.is_some();
         Ok((VersionState::Present { meta, object }, wrote))
-    }
-
-    /// Layer 2, for [`super::Quiesced::make_checkpoint`] (every mutation excluded).
-    pub(super) fn record_checkpoint(
-        &self,
-        id: &str,
-        session: Option<String>,
-        open_for_write: &[Vec<u8>],
-        pre_copies: super::open_files::PreCopies,
-    ) -> io::Result<()> {
-        let t0 = std::time::Instant::now();
-        let open: HashSet<&str> = open_for_write.iter().filter_map(|p| rel_key(p)).collect();
-        let (k, dirty) = {
-            let st = self.lock();
-            if st.checkpoint_ids.contains_key(id) {
-                return Err(errno(libc::EEXIST));
-            }
-            let dirty: Vec<String> = st.dirty_paths.iter().cloned().collect();
-            (st.checkpoints.len(), dirty)
-        };
-        let now = SystemTime::now();
-        // New versions, computed without `state` (copies of open files take time, and views
-        // and status need not wait for them) and before touching it, so that a failed copy
-        // (ENOSPC) leaves no half-made checkpoint behind. The caller's epoch lock keeps the
-        // dirty set as it is: Layer 1 is excluded, and the copier and views only fill
-        // pending versions, which no dirty path has.
-        let (open_dirty, closed_dirty): (Vec<String>, Vec<String>) =
-            dirty.into_iter().partition(|p| open.contains(p.as_str()));
-        let mut new_versions: Vec<(String, VersionState, bool)> =
-            Vec::with_capacity(open_dirty.len() + closed_dirty.len());
-        for (path, state) in self.capture_open_files(&open_dirty, pre_copies)? {
-            new_versions.push((path, state, true));
-        }
-        for path in closed_dirty {
-            let state = self.capture_cheap(&path)?;
-            new_versions.push((path, state, false));
-        }
-        let mut st = self.lock();
-        // Files open for writing that were not dirty cannot exist (the open marked them),
-        // except across a remount; treat them the same.
-        st.checkpoints.push(Checkpoint {
-            id: id.to_string(),
-            time: now,
-            session: session.clone(),
-        });
-        st.checkpoint_ids.insert(id.to_string(), k);
-        st.clear_dirty();
-        let mut delta = BTreeMap::new();
-        let mut continuing = Vec::new();
-        let mut to_fill = Vec::new();
-        for (path, state, still_open) in new_versions {
-            let h = st.paths.get_mut(&path).ok_or_else(|| errno(libc::EIO))?;
-            let pending = state == VersionState::Pending;
-            h.versions.push(Version {
-                since: Some(k),
-                state,
-                time: now,
-            });
-            let n = h.versions.len() as u32;
-            delta.insert(
-                path.clone(),
-                backup_of(n, &h.versions[n as usize - 1], None, false),
-            );
-            if pending {
-                to_fill.push((path.clone(), n));
-            }
-            if still_open {
-                continuing.push((path, n));
-            }
-        }
-        let seq = st.next_seq;
-        st.next_seq += 1;
-        // The record lists only the new versions: every other path keeps its version at the
-        // previous checkpoint, which replay already has. So a checkpoint costs O(changed),
-        // whatever the size of the tree. Journal first (it is what survives a crash), before
-        // the marker returns.
-        let mut record = Record::checkpoint_delta(id, seq, rfc3339(now), delta);
-        record.session = session;
-        let rec = self.recorder()?;
-        rec.journal.append(&record, false)?;
-        rec.transcript.append(record);
-        let copied_open_files = !continuing.is_empty();
-        for (path, n) in continuing {
-            st.mark_dirty(&path);
-            let v = st.paths[&path].versions[n as usize - 1].clone();
-            self.emit_layer1(&mut st, &path, n, &v, None, false, false)?;
-        }
-        drop(st);
-        // Strict: the checkpoint (and the copies of open files it made) are on disk before
-        // the marker returns; one sync for all of it.
-        match self.sync_needed(copied_open_files) {
-            LayerSync::Journal => rec.journal.sync()?,
-            LayerSync::Filesystem => self.store.sync_filesystem()?,
-            LayerSync::Nothing | LayerSync::None => {}
-        }
-        debug!("checkpoint {id}: recorded in {:?}", t0.elapsed());
-        if !to_fill.is_empty() {
-            let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            q.extend(to_fill);
-            self.pending_cond.notify_all();
-        }
-        Ok(())
-    }
-
-    /// The state of `path` at a checkpoint, without copying file data: regular files become
-    /// pending (filled later), everything else is recorded at once.
-    fn capture_cheap(&self, rel: &str) -> io::Result<VersionState> {
-        let Some(fd) = self.open_existing(rel)? else {
-            return Ok(VersionState::Absent);
-        };
-        let st = sys::fstat(fd.as_fd())?;
-        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-            return Ok(VersionState::Pending);
-        }
-        drop(fd);
-        Ok(self.capture(rel)?.0)
-    }
-
-    /// Fills a pending version now if `rel` has one (used before reading it in a view).
-    pub(crate) fn fill_if_pending(&self, rel: &str) -> io::Result<()> {
-        self.track(rel, None, true)
-    }
-
-    /// The background copier: fills pending versions until `shutdown`.
-    pub fn run_copier(self: &Arc<Self>) {
-        loop {
-            let next = {
-                let mut q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    if let Some(item) = q.pop_front() {
-                        self.copying.fetch_add(1, Ordering::SeqCst);
-                        break Some(item);
-                    }
-                    if self.stopping.load(Ordering::Relaxed) {
-                        break None;
-                    }
-                    q = self.pending_cond.wait(q).unwrap_or_else(|p| p.into_inner());
-                }
-            };
-            let Some((path, _version)) = next else {
-                return;
-            };
-            if let Err(e) = self.track(&path, None, true) {
-                // The gate will copy it before the path changes, so nothing is lost; the
-                // view falls back to the same copy-on-read.
-                warn!(
-                    "background copy of {path} failed: {e}; it will be copied on its next change"
-                );
-            }
-            // Recorded (journal and transcript queue) or failed: no longer in flight.
-            self.copying.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
-    /// Stops the copier after the queue is drained, then flushes journal and transcript.
-    pub fn shutdown(&self) -> io::Result<()> {
-        self.stopping.store(true, Ordering::Relaxed);
-        self.pending_cond.notify_all();
-        if let Some(rec) = &self.recorder {
-            // Whatever the mode, a clean unmount leaves every backup on disk: objects and
-            // directory (one syncfs), then the journal and the transcript.
-            self.store.sync_filesystem()?;
-            rec.journal.sync()?;
-            rec.transcript.flush()?;
-        }
-        Ok(())
-    }
-
-    /// Number of pending versions still to copy or being copied by the copier (for status
-    /// and tests): 0 means every background copy so far is recorded.
-    pub fn pending_copies(&self) -> usize {
-        let q = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        q.len() + self.copying.load(Ordering::SeqCst)
     }
 }
