@@ -13,6 +13,7 @@ use crate::control::{self, Request};
 use crate::exit_status::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::history::gc::{GcReport, Retention, gc_state_dir};
 use crate::history::logdiff::DiffFormat;
+use crate::history::status::StatusReport;
 use crate::history::{History, HistoryConfig, open_history_readonly};
 use crate::ids::validate_id;
 use crate::state_lock::StateLock;
@@ -229,17 +230,29 @@ fn source_of_state_dir(state_dir: &Path) -> Result<PathBuf, i32> {
 
 /// Runs a report on `target`: through the daemon when one serves it, else by reading the
 /// state dir (read-only) directly.
+/// `req` asks the daemon for the report's JSON document; `render` makes the output from it.
 fn report(
     target: &Target,
     req: Request,
     offline: impl FnOnce(&History) -> io::Result<String>,
+    render: impl FnOnce(String) -> io::Result<String>,
 ) -> i32 {
     let state_dir = match state_dir_of(target) {
         Ok(d) => d,
         Err(code) => return code,
     };
     if control::daemon_is_serving(&state_dir) {
-        return ask_daemon(&state_dir, &req);
+        return match daemon_answer(&state_dir, &req).map(render) {
+            Ok(Ok(out)) => {
+                print!("{out}");
+                EXIT_OK
+            }
+            Ok(Err(e)) => {
+                eprintln!("checkpointfs: {e}");
+                EXIT_FAILURE
+            }
+            Err(code) => code,
+        };
     }
     let source = match source_of_state_dir(&state_dir) {
         Ok(s) => s,
@@ -389,11 +402,20 @@ pub fn rewind(mnt: &Path, id: &str, flags: RewindFlags<'_>, paths: &[PathBuf]) -
 
 /// `checkpointfs log MNT | --state-dir DIR [--json]`.
 pub fn log(target: &Target, json: bool, session: Option<&str>) -> i32 {
+    // The whole tree's log: the session's part is taken here, as offline.
     let req = Request::Log {
-        json,
-        session: session.map(str::to_string),
+        json: true,
+        session: None,
     };
-    report(target, req, |h| crate::report::log_output(h, json, session))
+    report(
+        target,
+        req,
+        |h| crate::report::log_output(h, json, session),
+        |doc| match (json, session) {
+            (true, None) => Ok(doc),
+            _ => crate::report::log_from_report(crate::report::from_daemon(&doc)?, json, session),
+        },
+    )
 }
 
 /// `checkpointfs diff MNT M [N] | --state-dir DIR M [N]` with `--stat` / `--json`;
@@ -409,12 +431,18 @@ pub fn diff(
         from: from.to_string(),
         to: to.map(str::to_string),
         stat: format.stat,
-        json: format.json,
+        json: true,
         session: session.map(str::to_string),
     };
-    report(target, req, |h| {
-        crate::report::diff_output(h, from, to, format, session)
-    })
+    report(
+        target,
+        req,
+        |h| crate::report::diff_output(h, from, to, format, session),
+        |doc| match format.json {
+            true => Ok(doc),
+            false => crate::report::diff_from_report(&crate::report::from_daemon(&doc)?, format),
+        },
+    )
 }
 
 /// `checkpointfs status MNT | --state-dir DIR [--path P] [--json]`.
@@ -444,11 +472,17 @@ pub fn status(target: &Target, path: Option<&Path>, json: bool) -> i32 {
     let req = Request::Status {
         path: rel.clone(),
         path_is_dir,
-        json,
+        json: true,
     };
-    report(target, req, |h| {
-        h.status_report(rel.as_deref(), path_is_dir)?.render(json)
-    })
+    report(
+        target,
+        req,
+        |h| h.status_report(rel.as_deref(), path_is_dir)?.render(json),
+        |doc| match json {
+            true => Ok(doc),
+            false => Ok(crate::report::from_daemon::<StatusReport>(&doc)?.to_text()),
+        },
+    )
 }
 
 /// `checkpointfs gc MNT | --state-dir DIR (--keep N | --older-than DURATION) [--dry-run]

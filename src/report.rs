@@ -1,8 +1,9 @@
 //! How reports are shown: `log`, `diff` and `status` as text (and their JSON documents),
 //! rendered from the models the history computes ([`LogReport`], [`DiffReport`],
 //! [`StatusReport`]) and nothing else, so the text and the JSON always carry the same facts.
-//! The history never renders; the daemon's control server and the offline commands both
-//! call these.
+//! The history never renders. The daemon answers the CLI with the report's JSON document
+//! (the `--json` output), which the CLI renders here ([`from_daemon`]); the CLI renders a
+//! state dir it reads itself (no daemon) the same way.
 use std::fmt::Write as _;
 use std::io;
 
@@ -18,6 +19,7 @@ use crate::history::status::StatusReport;
 /// not know the terminal, which may be on the other side of the control socket).
 const STAT_LINE_WIDTH: usize = 80;
 
+/// A report's JSON document, as `--json` prints it (and the daemon sends it to the CLI).
 pub fn to_json<T: Serialize>(report: &T) -> io::Result<String> {
     let mut s = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
     s.push('\n');
@@ -29,7 +31,15 @@ pub fn to_json<T: Serialize>(report: &T) -> io::Result<String> {
 /// `checkpointfs log`, as text or as JSON; with `session`, only the changes that
 /// session made.
 pub fn log_output(history: &History, json: bool, session: Option<&str>) -> io::Result<String> {
-    let mut report = history.log_report()?;
+    log_from_report(history.log_report()?, json, session)
+}
+
+/// [`log_output`] from the whole tree's report, computed here or by the daemon.
+pub fn log_from_report(
+    mut report: LogReport,
+    json: bool,
+    session: Option<&str>,
+) -> io::Result<String> {
     let whole_tree_has_checkpoints = !report.checkpoints.is_empty();
     if let Some(s) = session {
         report.keep_only_session(s);
@@ -130,12 +140,17 @@ pub fn diff_output(
         report.insertions = report.files.iter().map(|f| f.insertions).sum();
         report.deletions = report.files.iter().map(|f| f.deletions).sum();
     }
+    diff_from_report(&report, format)
+}
+
+/// A diff report (computed here or by the daemon) as `format` asks.
+pub fn diff_from_report(report: &DiffReport, format: DiffFormat) -> io::Result<String> {
     if format.json {
-        to_json(&report)
+        to_json(report)
     } else if format.stat {
-        Ok(render_stat(&report))
+        Ok(render_stat(report))
     } else {
-        Ok(render_patch(&report))
+        Ok(render_patch(report))
     }
 }
 
@@ -430,4 +445,15 @@ impl StatusReport {
         };
         let _ = writeln!(out, "gitignore:      {gitignore}");
     }
+}
+
+/// A report model from the JSON document the daemon sent (the same document `--json`
+/// prints), for the CLI to render.
+pub fn from_daemon<T: serde::de::DeserializeOwned>(document: &str) -> io::Result<T> {
+    serde_json::from_str(document).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the daemon's report is not the JSON this checkpointfs reads: {e}"),
+        )
+    })
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::History;
 use super::report::{ChangeKind, Point};
@@ -32,7 +32,7 @@ pub struct DiffFormat {
 /// Both are in milliseconds, the precision the transcript keeps: a checkpoint's time must
 /// read the same from the daemon (which knows it to the nanosecond until it exits) and from
 /// the state dir (replayed from the transcript).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Timestamp {
     pub time: String,
     pub time_unix_ns: i64,
@@ -55,7 +55,7 @@ impl Timestamp {
 }
 
 /// What a path was on one side of a change.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EntryFacts {
     #[serde(rename = "type")]
     pub kind: EntryKind,
@@ -65,7 +65,7 @@ pub struct EntryFacts {
     /// Of the content (files) or the target (symlinks); `None` for other types.
     pub sha256: Option<String>,
     /// Symlinks only.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
 }
 
@@ -147,9 +147,9 @@ fn shown(path: &str) -> String {
 /// The log, organised by prompt: a checkpoint is taken when a prompt is submitted, so each
 /// checkpoint lists what changed *after* it — the work done in answer to that prompt — up to
 /// the next checkpoint (the last: up to the live tree).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogReport {
-    pub schema: &'static str,
+    pub schema: String,
     /// What changed before the first checkpoint, from the tree as it was before anything
     /// changed through the mount.
     pub before_first: LogSpan,
@@ -157,17 +157,17 @@ pub struct LogReport {
     pub checkpoints: Vec<LogCheckpoint>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogSpan {
     pub files_changed: usize,
     pub changes: Vec<LogChange>,
     /// `checkpointfs gc` dropped the checkpoints before the first one: what changed before
     /// it is no longer known, so `changes` is empty.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dropped: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogCheckpoint {
     pub id: String,
     #[serde(flatten)]
@@ -188,7 +188,7 @@ pub struct LogCheckpoint {
     pub changes: Vec<LogChange>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogChange {
     pub path: String,
     pub change: ChangeKind,
@@ -293,7 +293,7 @@ impl History {
             });
         }
         Ok(LogReport {
-            schema: LOG_SCHEMA,
+            schema: LOG_SCHEMA.to_string(),
             before_first: LogSpan {
                 files_changed: before_first.len(),
                 changes: before_first,
@@ -586,9 +586,9 @@ impl LogReport {
 // diff
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DiffReport {
-    pub schema: &'static str,
+    pub schema: String,
     pub from: DiffPoint,
     pub to: DiffPoint,
     pub files_changed: usize,
@@ -598,7 +598,7 @@ pub struct DiffReport {
 }
 
 /// One end of a diff: a checkpoint, or the live tree.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum DiffPoint {
     Checkpoint {
@@ -609,7 +609,7 @@ pub enum DiffPoint {
     Live,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ContentChange {
     /// Both sides are text (or absent): lines were counted.
@@ -620,7 +620,7 @@ pub enum ContentChange {
     None,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FileDiff {
     pub path: String,
     pub change: ChangeKind,
@@ -631,7 +631,7 @@ pub struct FileDiff {
     pub insertions: usize,
     pub deletions: usize,
     /// The unified diff's hunks (3 lines of context), for text content, unless `--stat`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch: Option<String>,
 }
 
@@ -679,7 +679,7 @@ impl History {
             )?);
         }
         Ok(DiffReport {
-            schema: DIFF_SCHEMA,
+            schema: DIFF_SCHEMA.to_string(),
             from: self.diff_point(a),
             to: self.diff_point(b),
             files_changed: files.len(),

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::io;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::History;
 use super::exclusions::{ExcludeFile, Verdict};
@@ -14,9 +14,9 @@ use crate::transcript::record::EntryKind;
 
 pub const STATUS_SCHEMA: &str = "checkpointfs.status/1";
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusReport {
-    pub schema: &'static str,
+    pub schema: String,
     /// Whether a daemon serves the state dir (else it was read directly).
     pub mounted: bool,
     pub daemon_pid: Option<u32>,
@@ -29,14 +29,14 @@ pub struct StatusReport {
     pub pending_copies: usize,
     pub exclusions: ExclusionSummary,
     /// How reads and writes are served; known only when a daemon answers.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<IoMode>,
     /// The answer for `--path`.
     pub path: Option<PathStatus>,
 }
 
 /// How a live mount serves file reads and writes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IoMode {
     /// Kernel FUSE passthrough: the kernel reads and writes the backing files itself.
     pub kernel_passthrough: bool,
@@ -52,13 +52,13 @@ pub struct IoMode {
     pub read_only: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckpointSummary {
     pub count: usize,
     pub latest: Option<CheckpointRef>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckpointRef {
     pub id: String,
     /// `time` and `time_unix_ns`, as in `log --json`.
@@ -66,13 +66,13 @@ pub struct CheckpointRef {
     pub time: Timestamp,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StoreUsage {
     pub objects: usize,
     pub bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExclusionSummary {
     pub exclude: Vec<String>,
     pub exclude_from: Vec<ExcludeFile>,
@@ -83,7 +83,7 @@ pub struct ExclusionSummary {
     pub global_excludes_file: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PathStatus {
     /// Relative to the mount root.
     pub path: String,
@@ -103,11 +103,11 @@ pub struct PathStatus {
 }
 
 /// The rule behind a path's verdict.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Reason {
     /// `none` (no rule applies), `git-dir`, `exclude`, `exclude-from`, `gitignore`,
     /// `gitignore-negation`.
-    pub kind: &'static str,
+    pub kind: String,
     /// `--exclude`, the `--exclude-from` file, or the ignore file.
     pub source: Option<String>,
     pub line: Option<usize>,
@@ -119,7 +119,7 @@ pub struct Reason {
 impl Reason {
     fn of(v: &Verdict) -> Reason {
         let none = Reason {
-            kind: "none",
+            kind: "none".into(),
             source: None,
             line: None,
             pattern: None,
@@ -128,14 +128,14 @@ impl Reason {
         match v {
             Verdict::Tracked => none,
             Verdict::GitDir => Reason {
-                kind: "git-dir",
+                kind: "git-dir".into(),
                 ..none
             },
             Verdict::Glob { pattern, file } => Reason {
                 kind: if file.is_some() {
-                    "exclude-from"
+                    "exclude-from".into()
                 } else {
-                    "exclude"
+                    "exclude".into()
                 },
                 source: Some(match file {
                     Some(f) => f.display().to_string(),
@@ -145,14 +145,14 @@ impl Reason {
                 ..none
             },
             Verdict::Ignored { rule, parent } => Reason {
-                kind: "gitignore",
+                kind: "gitignore".into(),
                 source: Some(rule.file.clone()),
                 line: Some(rule.line),
                 pattern: Some(rule.pattern.clone()),
                 parent: parent.clone(),
             },
             Verdict::Negated { rule } => Reason {
-                kind: "gitignore-negation",
+                kind: "gitignore-negation".into(),
                 source: Some(rule.file.clone()),
                 line: Some(rule.line),
                 pattern: Some(rule.pattern.clone()),
@@ -227,7 +227,7 @@ impl History {
             None => None,
         };
         Ok(StatusReport {
-            schema: STATUS_SCHEMA,
+            schema: STATUS_SCHEMA.to_string(),
             mounted: false,
             daemon_pid: None,
             state_dir: self.state_dir().display().to_string(),
