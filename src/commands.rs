@@ -197,10 +197,23 @@ fn daemon_answer(state_dir: &Path, req: &Request) -> Result<String, i32> {
 
 /// Sends `req` to the daemon and prints its answer.
 fn ask_daemon(state_dir: &Path, req: &Request) -> i32 {
-    match daemon_answer(state_dir, req) {
-        Ok(output) => {
-            print!("{output}");
+    ask_daemon_rendered(state_dir, req, Ok)
+}
+
+/// Sends `req` and prints what `render` makes of the daemon's answer.
+fn ask_daemon_rendered(
+    state_dir: &Path,
+    req: &Request,
+    render: impl FnOnce(String) -> io::Result<String>,
+) -> i32 {
+    match daemon_answer(state_dir, req).map(render) {
+        Ok(Ok(out)) => {
+            print!("{out}");
             EXIT_OK
+        }
+        Ok(Err(e)) => {
+            eprintln!("checkpointfs: {e}");
+            EXIT_FAILURE
         }
         Err(code) => code,
     }
@@ -242,17 +255,7 @@ fn report(
         Err(code) => return code,
     };
     if control::daemon_is_serving(&state_dir) {
-        return match daemon_answer(&state_dir, &req).map(render) {
-            Ok(Ok(out)) => {
-                print!("{out}");
-                EXIT_OK
-            }
-            Ok(Err(e)) => {
-                eprintln!("checkpointfs: {e}");
-                EXIT_FAILURE
-            }
-            Err(code) => code,
-        };
+        return ask_daemon_rendered(&state_dir, &req, render);
     }
     let source = match source_of_state_dir(&state_dir) {
         Ok(s) => s,

@@ -336,16 +336,10 @@ impl StatusReport {
     /// The report as `status` prints it: JSON or text.
     pub fn render(&self, json: bool) -> io::Result<String> {
         if json {
-            self.to_json()
+            to_json(self)
         } else {
             Ok(self.to_text())
         }
-    }
-
-    pub fn to_json(&self) -> io::Result<String> {
-        let mut s = serde_json::to_string_pretty(self)?;
-        s.push('\n');
-        Ok(s)
     }
 
     /// The whole status, or with `--path` only the answer for that path (one line, so a

@@ -74,7 +74,7 @@ pub struct ObjectPermit<'g> {
 
 /// Permission to add or remove one name in one directory. Made by [`Gate::entry_permit`].
 pub struct EntryPermit<'g> {
-    _admission: Admission<'g>,
+    admission: Admission<'g>,
     /// The parent directory, opened as the daemon when the permit was issued (before any
     /// switch to the caller's credentials).
     dir: Arc<OwnedFd>,
@@ -167,7 +167,7 @@ impl Gate {
             self.note_rules_dependency(&mut admission.rules_touched, rel, false);
         }
         Ok(EntryPermit {
-            _admission: admission,
+            admission,
             dir: parent.fd()?,
             name,
             is_dir,
@@ -412,7 +412,7 @@ impl ObjectPermit<'_> {
 impl EntryPermit<'_> {
     /// Whether the new name is a file the exclusion rules are read from.
     pub fn touches_rules(&self) -> bool {
-        !self._admission.rules_touched.is_empty()
+        !self.admission.rules_touched.is_empty()
     }
 
     /// The directory the entry is in, for looking at what is there now.

@@ -20,6 +20,16 @@ pub enum HandleFd {
     Writable(WritableFd),
 }
 
+impl AsFd for HandleFd {
+    /// For reading, stat, lseek, fsync and a passthrough backing file: nothing that writes.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            HandleFd::ReadOnly(fd) => fd.as_fd(),
+            HandleFd::Writable(fd) => fd.as_fd(),
+        }
+    }
+}
+
 pub struct FileHandle {
     fd: HandleFd,
     pub inode: Arc<Inode>,
@@ -46,10 +56,7 @@ impl FileHandle {
 
     /// For reading, stat, lseek, fsync: nothing that writes.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        match &self.fd {
-            HandleFd::ReadOnly(fd) => fd.as_fd(),
-            HandleFd::Writable(fd) => fd.as_fd(),
-        }
+        self.fd.as_fd()
     }
 
     /// The gated write-capable fd, if the handle was opened for writing: what a

@@ -646,11 +646,7 @@ impl PassthroughFs {
         let inode = pin.inode().clone();
         let writable = matches!(fd, HandleFd::Writable(_));
         let backing = if inode.is_regular() && self.passthrough_enabled() {
-            let raw = match &fd {
-                HandleFd::ReadOnly(fd) => fd.as_fd(),
-                HandleFd::Writable(fd) => fd.as_fd(),
-            };
-            self.backing_for(&inode, raw, make_backing)
+            self.backing_for(&inode, fd.as_fd(), make_backing)
         } else {
             None
         };

@@ -333,12 +333,8 @@ impl History {
             debug!("checkpoint: {stale} files open for writing changed during round {round}");
             // All of them again, not only the stale ones: reads started together show one
             // moment even when the writer never pauses (see `copy_missing`).
-            if copies.len() > 1 {
-                for (_, copy) in copies.iter_mut() {
-                    *copy = None;
-                }
-            } else {
-                copies[0].1 = None;
+            for (_, copy) in copies.iter_mut() {
+                *copy = None;
             }
         }
         copies
