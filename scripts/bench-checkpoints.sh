@@ -123,10 +123,10 @@ row "rewind" "${gitrw} ms" "${rw} ms" "$(ratio "$rw" "$gitrw")" "(git checkout -
 
 # ---- store size vs unique content -----------------------------------------------------------
 "$BIN" umount "$MNT"
-store=$(find "$W/state/backups" -maxdepth 1 -type f -regextype posix-extended -regex '.*/[0-9a-f]{64}' -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }')
-unique=$(find "$W/state/backups" -maxdepth 1 -type f -regextype posix-extended -regex '.*/[0-9a-f]{64}' -exec sha256sum {} + \
-    | awk '{ print $1 }' | sort -u | wc -l)
-objects=$(find "$W/state/backups" -maxdepth 1 -type f -regextype posix-extended -regex '.*/[0-9a-f]{64}' | wc -l)
+objects_list=$(python3 "$ROOT/scripts/lib/store-objects.py" "$W/state/backups")
+store=$(awk '{ s += $2 } END { print s + 0 }' <<<"$objects_list")
+unique=$(awk '{ print $3 }' <<<"$objects_list" | sort -u | wc -l)
+objects=$(grep -c . <<<"$objects_list" || true)
 row "store_bytes" "-" "$store" "-" "($objects objects, $unique distinct contents: the store holds each content once)"
 awk -v s="$shadow" -v m="$marker" 'BEGIN { exit !(s >= 10 * m) }' \
     && echo "bar: marker >= 10x faster than shadow git: PASS" \

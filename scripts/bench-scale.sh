@@ -215,8 +215,9 @@ echo store > "$MNT/.checkpoint/ctl"
 read -r store_alloc unique_alloc < <(python3 - "$STATE/backups" "$W/pre" <<'PY'
 import hashlib, os, re, sys
 store, pre = sys.argv[1], sys.argv[2]
+# Object files and packs (scripts/lib/store-objects.py lists what they hold).
 alloc = sum(os.stat(os.path.join(store, n)).st_blocks * 512
-            for n in os.listdir(store) if re.fullmatch(r"[0-9a-f]{64}", n))
+            for n in os.listdir(store) if re.fullmatch(r"[0-9a-f]{64}|pack-[0-9]{8}", n))
 seen, unique = set(), 0
 for n in sorted(os.listdir(pre)):
     p = os.path.join(pre, n)

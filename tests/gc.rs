@@ -14,6 +14,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::Duration;
 
+use checkpointfs::history::store::Store;
 use common::{TestMount, cli, cli_ok as checked, stderr, stdout, tree_listing};
 use sha2::{Digest, Sha256};
 
@@ -155,17 +156,15 @@ fn objects_for(from: u64, to: u64, n: u64) -> BTreeMap<String, u64> {
     out
 }
 
-/// The objects in STATE/backups, name → size.
+/// The objects in STATE/backups (files and pack entries), name → size, as a store opened
+/// beside the daemon's sees them.
 fn store_objects(state: &Path) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for e in fs::read_dir(state.join("backups")).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
-            out.insert(name, e.metadata().unwrap().len());
-        }
-    }
-    out
+    Store::open(&state.join("backups"))
+        .unwrap()
+        .objects()
+        .unwrap()
+        .into_iter()
+        .collect()
 }
 
 fn store_bytes(state: &Path) -> u64 {

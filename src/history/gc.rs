@@ -298,12 +298,7 @@ impl Sweep {
             kept_objects: 0,
             kept_bytes: 0,
         };
-        for name in store.list()? {
-            let size = match std::fs::symlink_metadata(store.object_path(&name)) {
-                Ok(m) => m.len(),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
+        for (name, size) in store.objects()? {
             if keep.contains(&name) {
                 sweep.kept_objects += 1;
                 sweep.kept_bytes += size;
@@ -334,6 +329,16 @@ impl Sweep {
             }
             progress(i + 1, total);
         }
+        // Small objects are removed from their packs here, by rewriting those packs.
+        store.compact().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "gc: rewriting the store's packs: {e} (the transcript is already \
+                     compacted; run gc again to reclaim the space)"
+                ),
+            )
+        })?;
         store.sync()
     }
 

@@ -1,8 +1,12 @@
 //! The content-addressed object store that holds pre-image backups (`STATE/backups/`).
 //!
-//! Every object is a plain file named by the lowercase hex SHA-256 of its content, stored flat
-//! as `DIR/<64 hex>`. Identical content is therefore stored once, and a name says everything
-//! needed to find and check an object.
+//! An object is named by the lowercase hex SHA-256 of its content. Identical content is
+//! therefore stored once, and a name says everything needed to find and check an object.
+//! Objects of at most [`pack::MAX_ENTRY`] bytes without holes are appended to pack files
+//! (`DIR/pack-<n>`, see [`pack`] and its own invariants): a backup of a small file is then
+//! one `pwrite`, not a file creation. Bigger objects, and sparse ones, are plain files named
+//! `DIR/<64 hex>` (where a reflink can share their extents and their holes are kept); the
+//! invariants below are theirs.
 //!
 //! # Invariants
 //!
@@ -42,6 +46,7 @@
 //! objects must make sure nothing still refers to them (a put that reports `reused` relies on
 //! the existing object staying).
 
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
@@ -54,6 +59,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
+
+mod pack;
 
 /// Size of the single copy/hash buffer used by one `put_file` call.
 const BUF_SIZE: usize = 1 << 20;
@@ -86,6 +93,11 @@ pub struct Store {
     /// Objects renamed into place and not yet synced ([`SyncPolicy::Batched`] only). Lock
     /// order: a leaf, never held across a sync (the list is taken out first).
     unsynced: Mutex<Vec<CString>>,
+    /// The small objects.
+    packs: pack::Packs,
+    /// Objects up to this size go into a pack (`None`: none do, for tests of the plain-file
+    /// path).
+    pack_limit: Option<u64>,
 }
 
 /// When a put's object reaches the disk (see invariant 2).
@@ -124,6 +136,8 @@ pub enum CopyMethod {
     Reflink,
     /// The bytes were copied through userspace.
     Copy,
+    /// The bytes were appended to a pack (a small object).
+    Packed,
     /// An object with this content was already stored; nothing new was kept.
     Existing,
 }
@@ -156,11 +170,17 @@ impl Store {
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(dir)?;
+        let names: Vec<Vec<u8>> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.file_name().as_bytes().to_vec()))
+            .collect();
+        let packs = pack::Packs::open(&dir_fd, &names)?;
         let store = Store {
             dir: dir.to_path_buf(),
             dir_fd,
             policy,
             unsynced: Mutex::new(Vec::new()),
+            packs,
+            pack_limit: Some(pack::MAX_ENTRY),
         };
         store.remove_stale_temps()?;
         if policy != SyncPolicy::EachPut {
@@ -187,11 +207,20 @@ impl Store {
     ///
     /// `src` must be open for reading. Errors are returned with their raw errno.
     pub fn put_file(&self, src: &File) -> io::Result<StoredObject> {
+        if let Some(data) = self.read_if_packable(src)? {
+            return self.put_packed(&data);
+        }
         self.put_file_impl(src, true)
     }
 
     /// Stores `data`. Same atomicity and durability as [`Store::put_file`].
     pub fn put_bytes(&self, data: &[u8]) -> io::Result<StoredObject> {
+        if self
+            .pack_limit
+            .is_some_and(|limit| data.len() as u64 <= limit)
+        {
+            return self.put_packed(data);
+        }
         let temp = self.create_temp()?;
         let mut hasher = Sha256::new();
         hasher.update(data);
@@ -199,20 +228,44 @@ impl Store {
         self.commit(temp, hasher, data.len() as u64, CopyMethod::Copy)
     }
 
+    /// The same store with packs switched off: every object a file of its own (for tests of
+    /// that path with small data).
+    #[cfg(test)]
+    fn without_packs(mut self) -> Store {
+        self.pack_limit = None;
+        self
+    }
+
     /// Opens an object read-only. Rejects names that are not 64 lowercase hex with
-    /// `InvalidInput` (so a bad name can never reach outside the store directory).
+    /// `InvalidInput` (so a bad name can never reach outside the store directory). A packed
+    /// object comes as a sealed memfd holding its (verified) content.
     pub fn open_object(&self, name: &str) -> io::Result<File> {
         let cname = object_cname(name)?;
-        openat(
+        if let Some(data) = self.read_packed(name, false)? {
+            return sealed_memfd(&data);
+        }
+        match openat(
             &self.dir_fd,
             &cname,
             libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
             0,
-        )
+        ) {
+            // Appended by another process since this store indexed its packs?
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                match self.read_packed(name, true)? {
+                    Some(data) => sealed_memfd(&data),
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Reads a whole object into memory.
     pub fn read_object(&self, name: &str) -> io::Result<Vec<u8>> {
+        if let Some(data) = self.read_packed(name, false)? {
+            return Ok(data);
+        }
         let mut file = self.open_object(name)?;
         let len = file.metadata()?.len();
         let mut data = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
@@ -220,40 +273,78 @@ impl Store {
         Ok(data)
     }
 
+    /// A packed object's content, verified; `None` if no pack holds it (`refresh`: after
+    /// looking at what other processes appended since).
+    fn read_packed(&self, name: &str, refresh: bool) -> io::Result<Option<Vec<u8>>> {
+        let Some(digest) = pack::digest_of(name) else {
+            return Ok(None);
+        };
+        if !self.packs.contains(&self.dir_fd, &digest, refresh) {
+            return Ok(None);
+        }
+        self.packs.read(&self.dir_fd, &digest)
+    }
+
     /// Re-hashes an object and reports whether its content still matches its name.
     pub fn verify(&self, name: &str) -> io::Result<bool> {
-        let file = self.open_object(name)?;
+        match self.read_packed(name, true) {
+            Ok(Some(_)) => return Ok(true),
+            Ok(None) => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let cname = object_cname(name)?;
+        let file = openat(
+            &self.dir_fd,
+            &cname,
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0,
+        )?;
         let mut buf = vec![0u8; BUF_SIZE];
         let (hasher, _) = hash_file(&file, &mut buf)?;
         Ok(hex(&hasher.finalize()) == name)
     }
 
-    /// The path an object with this name has (or would have). Does not check the name or
-    /// whether the object exists.
-    pub fn object_path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// Whether a regular file with this object name exists. Invalid names are never contained.
+    /// Whether an object with this name is stored (a regular file, or a pack entry).
+    /// Invalid names are never contained.
     pub fn contains(&self, name: &str) -> bool {
         let Ok(cname) = object_cname(name) else {
             return false;
         };
+        // Every valid object name is a digest. The index first (no syscall), then a file,
+        // then what another process may have packed since this store indexed.
+        let digest = pack::digest_of(name);
+        if digest.is_some_and(|d| self.packs.contains(&self.dir_fd, &d, false)) {
+            return true;
+        }
         matches!(stat_at(&self.dir_fd, &cname), Ok(Some(st)) if is_regular(&st))
+            || digest.is_some_and(|d| self.packs.contains(&self.dir_fd, &d, true))
     }
 
-    /// Unlinks an object. Not fsynced: if the removal is lost in a crash the object simply
-    /// comes back, which is harmless for content-addressed data; call [`Store::sync`] to make
-    /// a batch of removals durable.
+    /// Removes an object: unlinks its file, or drops a packed one from the index (its bytes
+    /// go at the next [`Store::compact`]). Not fsynced: if the removal is lost in a crash the
+    /// object simply comes back, which is harmless for content-addressed data; call
+    /// [`Store::sync`] to make a batch of removals durable.
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let cname = object_cname(name)?;
-        unlink_at(&self.dir_fd, &cname)
+        let packed = pack::digest_of(name).is_some_and(|d| self.packs.remove(&d));
+        match unlink_at(&self.dir_fd, &cname) {
+            Err(e) if packed && e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        }
     }
 
-    /// Lists object names, sorted. Temp files and any other files in the directory (wrong
-    /// names, non-regular files) are not objects and are skipped.
-    pub fn list(&self) -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
+    /// Rewrites the packs that hold removed objects without them (gc's last step, with no
+    /// put running). Returns the bytes given back.
+    pub fn compact(&self) -> io::Result<u64> {
+        self.packs.compact(self)
+    }
+
+    /// Every object, name and content length, sorted by name. Temp files and any other
+    /// files in the directory (wrong names, non-regular files) are not objects and are
+    /// skipped; an object both packed and a file is listed once.
+    pub fn objects(&self) -> io::Result<Vec<(String, u64)>> {
+        let mut all: BTreeMap<String, u64> = self.packs.objects().into_iter().collect();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
@@ -262,28 +353,27 @@ impl Store {
             if !is_object_name(&name) {
                 continue;
             }
-            match entry.file_type() {
-                Ok(t) if t.is_file() => names.push(name),
+            match entry.metadata() {
+                Ok(m) if m.is_file() => {
+                    all.insert(name, m.len());
+                }
                 Ok(_) => {}
-                // Removed between readdir and the type lookup.
+                // Removed between readdir and the lookup.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
         }
-        names.sort_unstable();
-        Ok(names)
+        Ok(all.into_iter().collect())
     }
 
-    /// Bytes of all objects (sum of `st_size`; objects removed meanwhile are skipped).
+    /// Lists object names, sorted (see [`Store::objects`]).
+    pub fn list(&self) -> io::Result<Vec<String>> {
+        Ok(self.objects()?.into_iter().map(|(name, _)| name).collect())
+    }
+
+    /// Bytes of all objects' content.
     pub fn total_size(&self) -> io::Result<u64> {
-        let mut total = 0u64;
-        for name in self.list()? {
-            let cname = object_cname(&name)?;
-            if let Some(st) = stat_at(&self.dir_fd, &cname)? {
-                total += u64::try_from(st.st_size).unwrap_or(0);
-            }
-        }
-        Ok(total)
+        Ok(self.objects()?.iter().map(|(_, size)| size).sum())
     }
 
     /// The store directory.
@@ -300,7 +390,11 @@ impl Store {
     /// store's filesystem (which also writes back whatever else is dirty there).
     pub fn sync_filesystem(&self) -> io::Result<()> {
         let taken = std::mem::take(&mut *self.lock_unsynced());
-        crate::durability::syncfs(&self.dir_fd).inspect_err(|_| self.put_back(taken))
+        let packs = self.packs.take_unsynced();
+        crate::durability::syncfs(&self.dir_fd).inspect_err(|_| {
+            self.put_back(taken);
+            self.packs.put_back(packs);
+        })
     }
 
     /// [`SyncPolicy::Batched`]: makes the objects put since the last call durable — an
@@ -308,12 +402,20 @@ impl Store {
     /// how many objects it synced. On error they stay listed for the next call.
     pub fn sync_batch(&self) -> io::Result<usize> {
         let taken = std::mem::take(&mut *self.lock_unsynced());
-        if taken.is_empty() {
+        let packs = self.packs.take_unsynced();
+        if taken.is_empty() && packs.is_empty() {
             return Ok(0);
         }
         let synced = (|| {
             if taken.len() > SYNCFS_THRESHOLD {
                 return crate::durability::syncfs(&self.dir_fd);
+            }
+            // One fdatasync per pack written, however many objects it got.
+            for file in &packs.files {
+                crate::durability::sync_file(file, true)?;
+            }
+            if taken.is_empty() && !packs.new_name {
+                return Ok(());
             }
             for name in &taken {
                 match openat(
@@ -330,11 +432,12 @@ impl Store {
             }
             self.sync()
         })();
-        let n = taken.len();
+        let n = taken.len() + packs.files.len();
         match synced {
             Ok(()) => Ok(n),
             Err(e) => {
                 self.put_back(taken);
+                self.packs.put_back(packs);
                 Err(e)
             }
         }
@@ -342,7 +445,7 @@ impl Store {
 
     /// Whether a put since the last [`Store::sync_batch`] is not yet durable.
     pub fn has_unsynced(&self) -> bool {
-        !self.lock_unsynced().is_empty()
+        !self.lock_unsynced().is_empty() || self.packs.has_unsynced()
     }
 
     fn lock_unsynced(&self) -> std::sync::MutexGuard<'_, Vec<CString>> {
@@ -354,6 +457,56 @@ impl Store {
         if self.policy == SyncPolicy::Batched {
             self.lock_unsynced().append(&mut names);
         }
+    }
+
+    /// The whole content of `src` if it belongs in a pack: at most the pack limit, and no
+    /// holes (allocated blocks cover its size; a sparse file stays a file of its own, so its
+    /// holes are kept). `None` if it does not, also when it grew past the limit meanwhile.
+    fn read_if_packable(&self, src: &File) -> io::Result<Option<Vec<u8>>> {
+        let Some(limit) = self.pack_limit else {
+            return Ok(None);
+        };
+        let meta = src.metadata()?;
+        if meta.len() > limit || meta.blocks().saturating_mul(512) < meta.len() {
+            return Ok(None);
+        }
+        // One byte more than the limit: reading that much means it grew, and is too big.
+        let mut data = vec![0u8; usize::try_from(meta.len() + 1).unwrap_or(0)];
+        let mut len = 0usize;
+        loop {
+            if len == data.len() {
+                if len as u64 > limit {
+                    return Ok(None);
+                }
+                data.resize((len * 2).clamp(1, limit as usize + 1), 0);
+            }
+            match src.read_at(&mut data[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if len as u64 > limit {
+            return Ok(None);
+        }
+        data.truncate(len);
+        Ok(Some(data))
+    }
+
+    fn put_packed(&self, data: &[u8]) -> io::Result<StoredObject> {
+        let digest: [u8; 32] = Sha256::digest(data).into();
+        let reused = self.packs.put(&self.dir_fd, &digest, data, self.policy)?;
+        Ok(StoredObject {
+            name: hex(&digest),
+            size: data.len() as u64,
+            reused,
+            method: if reused {
+                CopyMethod::Existing
+            } else {
+                CopyMethod::Packed
+            },
+        })
     }
 
     fn put_file_impl(&self, src: &File, try_reflink: bool) -> io::Result<StoredObject> {
@@ -946,6 +1099,30 @@ fn rename_noreplace(dir: &File, from: &CStr, to: &CStr) -> io::Result<()> {
     }
 }
 
+/// A memfd holding `data`, sealed against any change: how a packed object is handed to a
+/// reader that wants a file (a view's open, a rewind's copy).
+fn sealed_memfd(data: &[u8]) -> io::Result<File> {
+    // SAFETY: the name is a NUL-terminated literal; memfd_create touches no other memory.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"checkpointfs-object".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    write_all_at(&file, data, 0)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: `file` is an open memfd; F_ADD_SEALS takes an int and touches no memory.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
 /// `flock`, retried on EINTR.
 fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
     loop {
@@ -1008,7 +1185,9 @@ mod tests {
 
     fn setup() -> (tempfile::TempDir, Store) {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&tmp.path().join("backups")).expect("open store");
+        let store = Store::open(&tmp.path().join("backups"))
+            .expect("open store")
+            .without_packs();
         (tmp, store)
     }
 
@@ -1022,7 +1201,6 @@ mod tests {
         assert_eq!(obj.method, CopyMethod::Copy);
         assert!(store.contains(&obj.name));
         assert_eq!(store.read_object(&obj.name).expect("read"), b"hello store");
-        assert_eq!(store.object_path(&obj.name), store.dir().join(&obj.name));
         assert!(store.verify(&obj.name).expect("verify"));
     }
 
@@ -1114,7 +1292,7 @@ mod tests {
                     "case {i}: holes hash as zeros"
                 );
                 assert_eq!(obj.size, len);
-                let path = store.object_path(&obj.name);
+                let path = store.dir().join(&obj.name);
                 // Each data run costs at most a few blocks on either side.
                 let budget = data_bytes + 64 * 1024;
                 assert!(
@@ -1262,7 +1440,7 @@ mod tests {
         let src = source_file(tmp.path(), "src", b"ro file");
         let b = store.put_file(&src).expect("put file");
         for name in [&a.name, &b.name] {
-            let mode = std::fs::metadata(store.object_path(name))
+            let mode = std::fs::metadata(store.dir().join(name))
                 .expect("stat")
                 .mode();
             assert_eq!(mode & 0o7777, OBJECT_MODE, "object {name} mode {mode:o}");
@@ -1273,7 +1451,7 @@ mod tests {
     fn open_creates_missing_dirs_with_mode_0700() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("state").join("backups");
-        let store = Store::open(&dir).expect("open");
+        let store = Store::open(&dir).expect("open").without_packs();
         assert_eq!(store.dir(), dir);
         for p in [&dir, &tmp.path().join("state")] {
             let mode = std::fs::metadata(p).expect("stat").mode();
@@ -1282,7 +1460,7 @@ mod tests {
         // Reopening an existing store is fine and keeps its objects.
         let obj = store.put_bytes(b"keep").expect("put");
         drop(store);
-        let store = Store::open(&dir).expect("reopen");
+        let store = Store::open(&dir).expect("reopen").without_packs();
         assert_eq!(store.list().expect("list"), vec![obj.name]);
     }
 
@@ -1305,7 +1483,7 @@ mod tests {
         std::fs::write(dir.join(".tmp-4242-1"), b"").expect("write");
         std::fs::write(dir.join("unrelated"), b"kept").expect("write");
         drop(store);
-        let store = Store::open(&dir).expect("reopen");
+        let store = Store::open(&dir).expect("reopen").without_packs();
         assert_eq!(dir_entries(&dir), {
             let mut v = vec![obj.name.clone(), "unrelated".to_string()];
             v.sort();
@@ -1322,7 +1500,9 @@ mod tests {
         assert!(temp_name.starts_with(".tmp-"), "{temp_name}");
         // A second Store on the same directory (as a CLI next to the daemon would open) must
         // not delete a backup that is being written.
-        let other = Store::open(store.dir()).expect("second open");
+        let other = Store::open(store.dir())
+            .expect("second open")
+            .without_packs();
         assert_eq!(dir_entries(store.dir()), vec![temp_name.clone()]);
         drop(temp);
         assert!(
@@ -1336,7 +1516,7 @@ mod tests {
     fn a_damaged_object_is_replaced_by_a_new_put() {
         let (_tmp, store) = setup();
         let obj = store.put_bytes(b"precious content").expect("put");
-        let path = store.object_path(&obj.name);
+        let path = store.dir().join(&obj.name);
         std::fs::remove_file(&path).expect("rm");
         std::fs::write(&path, b"trunc").expect("write damaged copy");
         assert!(!store.verify(&obj.name).expect("verify"));
@@ -1435,7 +1615,9 @@ mod tests {
             eprintln!("note: skipping enospc_on_tiny_tmpfs_leaves_nothing_behind: not root");
             return;
         };
-        let store = Store::open(&store_dir).expect("open store on tmpfs");
+        let store = Store::open(&store_dir)
+            .expect("open store on tmpfs")
+            .without_packs();
         let data = pseudo_random(1 << 20, 3);
         let src = source_file(tmp.path(), "big", &data);
 
