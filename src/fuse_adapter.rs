@@ -630,7 +630,7 @@ impl Filesystem for FuseAdapter {
 
     fn fallocate(
         &self,
-        req: &Request,
+        _req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -638,7 +638,7 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.fs.fallocate(&caller(req), fh.0, offset, length, mode) {
+        match self.fs.fallocate(fh.0, offset, length, mode) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(fail("fallocate", e)),
         }
@@ -688,7 +688,7 @@ impl Filesystem for FuseAdapter {
 
     fn copy_file_range(
         &self,
-        req: &Request,
+        _req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -700,7 +700,6 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         match self.fs.copy_file_range(
-            &caller(req),
             fh_in.0,
             offset_in,
             fh_out.0,

@@ -215,7 +215,6 @@ impl Gate {
     /// the handle is released.)
     pub fn write_permit<'g>(
         &'g self,
-        _caller: &Caller,
         file: &'g WritableFd,
         inode: &'g Inode,
     ) -> io::Result<WritePermit<'g>> {

@@ -783,7 +783,7 @@ impl PassthroughFs {
             return Err(errno(libc::EISDIR));
         };
         let file = f.writable().ok_or_else(|| errno(libc::EBADF))?;
-        let permit = self.gate.write_permit(caller, file, &f.inode)?;
+        let permit = self.gate.write_permit(file, &f.inode)?;
         if kill_suidgid {
             let to_drop = self.privs_to_drop(caller, &f.inode, privs::to_drop_on_write)?;
             permit.clear_mode_bits(to_drop)?;
@@ -874,20 +874,13 @@ impl PassthroughFs {
 
     /// FALLOCATE through the writable handle `fh` (EBADF if it is not one): gated as a
     /// write.
-    pub fn fallocate(
-        &self,
-        caller: &Caller,
-        fh: u64,
-        offset: u64,
-        length: u64,
-        mode: i32,
-    ) -> io::Result<()> {
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> io::Result<()> {
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));
         };
         let file = f.writable().ok_or_else(|| errno(libc::EBADF))?;
-        let permit = self.gate.write_permit(caller, file, &f.inode)?;
+        let permit = self.gate.write_permit(file, &f.inode)?;
         permit.fallocate(mode, offset, length)
     }
 
@@ -908,7 +901,6 @@ impl PassthroughFs {
     #[allow(clippy::too_many_arguments)]
     pub fn copy_file_range(
         &self,
-        caller: &Caller,
         fh_in: u64,
         offset_in: u64,
         fh_out: u64,
@@ -922,7 +914,7 @@ impl PassthroughFs {
             return Err(errno(libc::EISDIR));
         };
         let file = fout.writable().ok_or_else(|| errno(libc::EBADF))?;
-        let permit = self.gate.write_permit(caller, file, &fout.inode)?;
+        let permit = self.gate.write_permit(file, &fout.inode)?;
         // The reply carries a u32 count; ask for no more than fits.
         let len = len.min(u64::from(!0xfffu32));
         let n = permit.copy_from(fin.fd(), (offset_in, offset_out), len, flags)?;
