@@ -422,14 +422,11 @@ impl History {
         progress: &mut dyn FnMut(usize, usize),
     ) -> io::Result<GcReport> {
         let rec = self.recorder()?;
-        let mut st = self.lock();
-        // A fill in flight (copier or view) may be about to record an object the sweep
-        // would delete; once `busy` is empty, no new one can start while we hold `state`.
-        while !st.busy.is_empty() {
-            st = self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        // Safe under `state`: the writer thread never takes `state`. Makes the fills that
-        // finished meanwhile part of the transcript.
+        // Mutations are excluded (quiesced) and fills paused, so nothing but gc changes the
+        // history until `_paused` goes: the IO below runs with `state` unlocked, and views
+        // go on reading the old state until `adopt` swaps in the new one.
+        let _paused = PausedFills::new(self);
+        // Makes the fills that finished before the pause part of the transcript.
         rec.transcript.flush()?;
         let path = rec.transcript.path().to_path_buf();
         let records = read_transcript(&path).map_err(replay_error)?.records;
@@ -449,6 +446,7 @@ impl History {
             let renamed = rewritten.is_ok() || file_id(&path).is_ok_and(|id| id != old_file);
             if renamed {
                 let (replayed, _) = replay(&plan.records);
+                let mut st = self.lock();
                 let shift = st.first_kept + plan.drop;
                 adopt(&mut st, replayed, shift);
             }
@@ -463,7 +461,6 @@ impl History {
         }
         failpoint("gc-after-rename");
         sweep.run(&self.store, progress)?;
-        drop(st);
         info!(
             "gc: dropped {} checkpoints, removed {} objects ({} bytes)",
             report.dropped.len(),
@@ -471,6 +468,33 @@ impl History {
             report.bytes_freed
         );
         Ok(report)
+    }
+}
+
+/// While alive, no fill starts ([`State::fills_paused`]); made once every fill in flight is
+/// recorded (`busy` empty).
+struct PausedFills<'h> {
+    history: &'h History,
+}
+
+impl<'h> PausedFills<'h> {
+    fn new(history: &'h History) -> PausedFills<'h> {
+        let mut st = history.lock();
+        st.fills_paused = true;
+        while !st.busy.is_empty() {
+            st = history
+                .busy_cond
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        PausedFills { history }
+    }
+}
+
+impl Drop for PausedFills<'_> {
+    fn drop(&mut self) {
+        self.history.lock().fills_paused = false;
+        self.history.busy_cond.notify_all();
     }
 }
 

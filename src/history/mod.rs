@@ -35,8 +35,8 @@
 //! epoch lock (exclusive for checkpoints and gc) → `History::state` → (store, journal,
 //! transcript: leaf locks). Nothing holds `state` while copying file data or syncing: a path
 //! being copied is marked busy instead, and other threads wanting that path wait on
-//! `busy_cond`. One exception waits on the transcript writer while holding `state`: gc's
-//! flush and rewrite. That is safe because the writer thread never takes `state`. The
+//! `busy_cond`; gc pauses fills the same way (`State::fills_paused`) and does its IO with
+//! `state` unlocked. The
 //! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
 //! and never one inside the other.
 pub mod agent_state;

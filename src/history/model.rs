@@ -99,6 +99,9 @@ pub(crate) struct State {
     pub next_seq: u64,
     /// Paths whose content is being copied right now (by the gate or the copier).
     pub busy: HashSet<String>,
+    /// gc is running: no fill (copier, view) may start, since it could record an object the
+    /// sweep deletes. Fills wait on `busy_cond` meanwhile.
+    pub fills_paused: bool,
     /// path → (epoch, the processes/sessions recorded as changing it in that epoch): a
     /// further changer of a path already changed in this message is recorded once too, so
     /// `log` names everyone and a session-scoped rewind sees conflicts. An entry of an older

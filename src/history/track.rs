@@ -218,7 +218,7 @@ impl History {
         let mut actor: Option<Actor> = None;
         let mut st = self.lock();
         loop {
-            if st.busy.contains(rel) {
+            if st.busy.contains(rel) || (fill && st.fills_paused) {
                 st = self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner());
                 continue;
             }
