@@ -19,9 +19,20 @@ use std::time::Duration;
 use common::*;
 
 const LIMIT: u64 = 1024;
-const DIRS: usize = 300;
 const PER_DIR: usize = 100;
-const FILES: usize = DIRS * PER_DIR;
+
+/// Directories of `PER_DIR` files: 300 (a 30k-file tree), or `CPFS_FDS_DIRS` for a run at
+/// another size by hand (2000: the 200k-file tree; see docs/performance.md).
+fn dirs() -> usize {
+    std::env::var("CPFS_FDS_DIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+}
+
+fn files() -> usize {
+    dirs() * PER_DIR
+}
 const MODIFIED: usize = 1000;
 const CREATED: usize = 1000;
 /// The workload's mount, for the copy of this binary that runs it as another user.
@@ -37,7 +48,7 @@ fn content(d: usize, f: usize) -> String {
 
 /// Writes the tree straight into SRC (before mounting: fast).
 fn make_tree(src: &Path) {
-    for d in 0..DIRS {
+    for d in 0..dirs() {
         fs::create_dir(src.join(format!("d{d:03}"))).unwrap();
         for f in 0..PER_DIR {
             fs::write(file(src, d, f), content(d, f)).unwrap();
@@ -66,13 +77,13 @@ fn workload(mnt: &Path) {
     assert_eq!(stderr(&out), "", "find reported errors");
     let found = stdout(&out).lines().count();
     // MNT, the dirs, the files (`.checkpoint` is hidden from readdir).
-    assert_eq!(found, 1 + DIRS + FILES, "find listed {found} entries");
+    assert_eq!(found, 1 + dirs() + files(), "find listed {found} entries");
 
     // read_dir recursion, then every file read and checked.
-    let mut files = Vec::new();
-    files_below(mnt, &mut files);
-    assert_eq!(files.len(), FILES);
-    for d in 0..DIRS {
+    let mut listed = Vec::new();
+    files_below(mnt, &mut listed);
+    assert_eq!(listed.len(), files());
+    for d in 0..dirs() {
         for f in 0..PER_DIR {
             let p = file(mnt, d, f);
             let got = fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {p:?}: {e}"));
@@ -82,12 +93,12 @@ fn workload(mnt: &Path) {
 
     // Modify 1,000 (spread over all dirs), create 1,000.
     for i in 0..MODIFIED {
-        let (d, f) = (i % DIRS, i / DIRS);
+        let (d, f) = (i % dirs(), i / dirs());
         let p = file(mnt, d, f);
         fs::write(&p, format!("modified {i}\n")).unwrap_or_else(|e| panic!("write {p:?}: {e}"));
     }
     for i in 0..CREATED {
-        let p = mnt.join(format!("d{:03}/new{i:04}", i % DIRS));
+        let p = mnt.join(format!("d{:03}/new{i:04}", i % dirs()));
         fs::write(&p, format!("new {i}\n")).unwrap_or_else(|e| panic!("create {p:?}: {e}"));
     }
 
@@ -96,23 +107,26 @@ fn workload(mnt: &Path) {
     let view = mnt.join(".checkpoint/at/c1");
     let mut in_view = Vec::new();
     files_below(&view, &mut in_view);
-    assert_eq!(in_view.len(), FILES + CREATED);
+    assert_eq!(in_view.len(), files() + CREATED);
     for (i, p) in in_view.iter().enumerate() {
         fs::read(p).unwrap_or_else(|e| panic!("read {p:?} (#{i}): {e}"));
     }
     for i in 0..MODIFIED {
-        let (d, f) = (i % DIRS, i / DIRS);
+        let (d, f) = (i % dirs(), i / dirs());
         let got = fs::read_to_string(file(&view, d, f)).unwrap();
         assert_eq!(got, format!("modified {i}\n"));
     }
     for i in 0..CREATED {
-        let got = fs::read_to_string(view.join(format!("d{:03}/new{i:04}", i % DIRS))).unwrap();
+        let got = fs::read_to_string(view.join(format!("d{:03}/new{i:04}", i % dirs()))).unwrap();
         assert_eq!(got, format!("new {i}\n"));
     }
     // The tree itself is still all readable after the churn.
     let again = run("find", &[mnt.as_os_str()], Path::new("/"));
     assert!(again.status.success(), "find: {}", stderr(&again));
-    assert_eq!(stdout(&again).lines().count(), 1 + DIRS + FILES + CREATED);
+    assert_eq!(
+        stdout(&again).lines().count(),
+        1 + dirs() + files() + CREATED
+    );
 }
 
 /// Counts the daemon's open fds every 20 ms until stopped; the highest count seen.
@@ -186,7 +200,7 @@ fn check_run(m: &mut TestMount, sampler: FdSampler, expect_how: &str) {
     let (given_back, reopened, how) = cache_figures(&log);
     eprintln!("{given_back} fds given back, {reopened} reopened by {how}");
     assert!(
-        given_back as usize >= FILES / 2,
+        given_back as usize >= files() / 2,
         "the cache gave back {given_back} fds"
     );
     assert!(reopened > 0);
