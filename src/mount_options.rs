@@ -269,6 +269,11 @@ pub fn statvfs_flags(path: &Path) -> io::Result<libc::c_ulong> {
 /// (with the mounts below SRC) with those rules. Every file the daemon opens beneath the
 /// returned fd is on that clone, so its reads (and the kernel's passthrough reads of its
 /// backing files) update atime by the clone's rules. Returns the fd and the change made.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "open_tree and mount_setattr have no libc wrappers; they change a detached \
+              clone's mount attributes, never a file"
+)]
 pub fn open_source_root(
     source: &Path,
     opts: &MountOptions,

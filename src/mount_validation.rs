@@ -16,8 +16,7 @@ use crate::mountinfo::{find_mount, is_checkpointfs_mount, parse_mountinfo};
 use crate::registry::{MOUNTPOINT_FILE, PID_FILE, is_checkpointfs_process, read_pid_file};
 use crate::sys::{errno_of, error_text};
 use crate::unmount::{
-    endpoint_gone, fusermount_unmount, pidfd_open, resolve_mountpoint, umount_syscall,
-    wait_for_exit,
+    endpoint_gone, fusermount_unmount, resolve_mountpoint, umount_syscall, wait_for_exit,
 };
 
 /// What validation reads from outside the filesystem, so that tests can supply it.
@@ -461,7 +460,7 @@ pub(crate) fn wait_for_unmounted_daemon(
         return Err(in_use());
     }
     // Opened before the check below: a pid that exits and is reused after it cannot fool us.
-    let pidfd = pidfd_open(pid);
+    let pidfd = crate::sys::pidfd_open(pid);
     if !is_checkpointfs_process(pid) {
         return Ok(());
     }

@@ -439,6 +439,10 @@ pub struct FsCredsGuard {
 }
 
 impl FsCredsGuard {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "setfsgid/setfsuid: this thread's filesystem ids, no change to any file"
+    )]
     pub fn switch(uid: u32, gid: u32) -> FsCredsGuard {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || (uid == 0 && gid == 0) {
@@ -454,6 +458,10 @@ impl FsCredsGuard {
 }
 
 impl Drop for FsCredsGuard {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "setfsuid/setfsgid: this thread's filesystem ids, no change to any file"
+    )]
     fn drop(&mut self) {
         if self.switched {
             // SAFETY: restoring root's fs ids; uid first so that the gid change is permitted.
@@ -523,15 +531,20 @@ pub fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
 
+/// A path of more than this many bytes is opened in pieces by [`open_beneath`]: the kernel
+/// refuses one of PATH_MAX (4096, NUL included) or more with ENAMETOOLONG, though a tree may
+/// go deeper.
+const PATH_PIECE: usize = 4000;
+
 /// Opens `rel` (a `/`-separated path, "" for `dir` itself) beneath `dir` with
 /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`: no symlink is followed, not even the last
 /// component (O_NOFOLLOW), so the result is always inside the tree `dir` roots.
-/// A path of more than this many bytes is opened in pieces: the kernel refuses one of
-/// PATH_MAX (4096, NUL included) or more with ENAMETOOLONG, though a tree may go deeper.
-const PATH_PIECE: usize = 4000;
-
 ///
 /// For reading or O_PATH only (see [`refuse_writing`]).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "openat2 has no libc wrapper; read-only: writing flags are refused first"
+)]
 pub fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     refuse_writing(flags)?;
     if rel.len() > PATH_PIECE
@@ -738,6 +751,10 @@ pub fn user_ids(user: &str) -> io::Result<UserIds> {
 /// Irreversible for the thread: call it on a thread that ends with the work (a control
 /// connection's). Raw syscalls on purpose: glibc's wrappers would change every thread of the
 /// process.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "setgroups/setresgid/setresuid/capset: this thread's credentials, no file"
+)]
 pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
     const CAP_DAC_READ_SEARCH: u32 = 2;
     const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
@@ -793,6 +810,32 @@ pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
     check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
     // SAFETY: as above.
     check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) }.into())
+}
+
+/// `pidfd_open(2)`: a descriptor that becomes readable when process `pid` exits (`None` if
+/// there is no such process, or the kernel has no pidfds).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "pidfd_open has no libc wrapper; it only opens a process descriptor"
+)]
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes plain integers and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `close_range(first, ~0, 0)`: closes every descriptor from `first` up. Best effort (an
+/// old kernel without it leaves them open).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "close_range has no libc wrapper; it only closes this process's descriptors"
+)]
+pub(crate) fn close_descriptors_from(first: u32) {
+    // SAFETY: close_range(2) only closes descriptors; the caller owns every one from `first`
+    // up and uses none of them afterwards.
+    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
 }
 
 #[cfg(test)]

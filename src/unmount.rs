@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use crate::registry::{
     PID_FILE, STATE_DIR_FILE, is_checkpointfs_process, parse_pid_file, process_alive,
     read_pid_file, recorded_state_dir,
 };
-use crate::sys::{errno_of, error_text, poll_readable};
+use crate::sys::{errno_of, error_text, pidfd_open, poll_readable};
 
 /// The absolute, symlink-free path of a mount point that may be a dead FUSE mount (which
 /// cannot be stat'ed): canonicalize it, or else its parent plus its name.
@@ -29,16 +29,6 @@ pub(crate) fn resolve_mountpoint(mnt: &Path) -> io::Result<PathBuf> {
         (Some(parent), Some(name)) => Ok(fs::canonicalize(parent).map_err(|_| err)?.join(name)),
         _ => Err(err),
     }
-}
-
-pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open(2) returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd is a fresh file descriptor we own.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Waits until `pid` has exited; `false` on timeout.

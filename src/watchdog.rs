@@ -26,7 +26,7 @@
 //! ENOTCONN), so a later write can never abort another mount that reused N.
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -247,9 +247,9 @@ pub fn should_abort(
 pub fn run(args: &[String]) -> i32 {
     // Nothing inherited but stdio may stay open (stderr is the daemon's log): an inherited
     // /dev/fuse fd would keep the connection alive.
-    // SAFETY: close_range(2) only closes descriptors; none of those above 2 is used by this
-    // process (it was just exec'd and has not opened any yet).
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    // None of the descriptors above 2 is used by this process (it was just exec'd and has not
+    // opened any yet).
+    crate::sys::close_descriptors_from(3);
     let (Some(pid), Some(conn)) = (
         args.first().and_then(|p| p.parse::<i32>().ok()),
         args.get(1),
@@ -257,7 +257,7 @@ pub fn run(args: &[String]) -> i32 {
         eprintln!("checkpointfs {SUBCOMMAND}: usage: {SUBCOMMAND} DAEMON_PID CONNECTION");
         return 2;
     };
-    let Some(pidfd) = pidfd_open(pid) else {
+    let Some(pidfd) = crate::sys::pidfd_open(pid) else {
         println!("cannot watch daemon {pid}: {}", io::Error::last_os_error());
         return 1;
     };
@@ -325,14 +325,6 @@ fn abort_connection(abort: &mut File, conn: &str) -> i32 {
             1
         }
     }
-}
-
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open(2) takes plain integers and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
-    // SAFETY: fd is a fresh descriptor that nothing else owns.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Whether `fd` became readable within `timeout`.
