@@ -403,6 +403,26 @@ fn gc_twice_is_idempotent_and_dry_run_changes_nothing() {
     assert_eq!(transcript(&m), transcript_once);
 }
 
+/// Dates every record of an unmounted state dir's transcript `age` in the past: how a
+/// test gets checkpoints of a known age without waiting for them to grow old.
+fn backdate_transcript(state: &Path, age: Duration) {
+    let when = checkpointfs::transcript::record::rfc3339(std::time::SystemTime::now() - age);
+    let path = state.join("transcript.jsonl");
+    let mut out = String::new();
+    for line in fs::read_to_string(&path).unwrap().lines() {
+        let mut r: serde_json::Value = serde_json::from_str(line).unwrap();
+        r["snapshot"]["timestamp"] = serde_json::json!(when);
+        if let Some(backups) = r["snapshot"]["trackedFileBackups"].as_object_mut() {
+            for b in backups.values_mut() {
+                b["backupTime"] = serde_json::json!(when);
+            }
+        }
+        out.push_str(&serde_json::to_string(&r).unwrap());
+        out.push('\n');
+    }
+    fs::write(&path, out).unwrap();
+}
+
 #[test]
 fn gc_older_than_drops_checkpoints_before_the_boundary_and_reports_json() {
     let mut m = TestMount::new();
@@ -410,15 +430,17 @@ fn gc_older_than_drops_checkpoints_before_the_boundary_and_reports_json() {
         m.ctl(&format!("old-{i}")).unwrap();
         fs::write(m.mnt.join("f.txt"), format!("old {i}\n")).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(3500));
+    m.umount();
+    backdate_transcript(&m.state, Duration::from_secs(2 * 3600));
+    m.mount();
     for i in 1..=3 {
         m.ctl(&format!("new-{i}")).unwrap();
         fs::write(m.mnt.join("f.txt"), format!("new {i}\n")).unwrap();
     }
     let new_1 = fs::read(m.mnt.join(".checkpoint/at/new-1/f.txt")).unwrap();
     assert_eq!(new_1, b"old 3\n");
-    // old-* are at least 3.5 s old, new-* a moment old: a 2 s boundary lies between them.
-    let out = gc(&m, &["--older-than", "2s", "--json"]);
+    // old-* are 2 h old, new-* a moment old: a 1 h boundary lies between them.
+    let out = gc(&m, &["--older-than", "1h", "--json"]);
     let report: serde_json::Value = serde_json::from_str(&out).expect("gc --json is JSON");
     assert_eq!(report["schema"], "checkpointfs.gc/1");
     assert_eq!(report["dry_run"], false);
@@ -438,10 +460,10 @@ fn gc_older_than_drops_checkpoints_before_the_boundary_and_reports_json() {
         new_1
     );
     m.umount();
-    // Offline, through the state dir; new-3 is over 1 s old by now too, but the newest
+    // Offline, through the state dir; every checkpoint is 2 h old now, but the newest
     // checkpoint is always kept.
-    std::thread::sleep(Duration::from_millis(1500));
-    let out = gc_state_dir(&m, &["--older-than", "1s"]);
+    backdate_transcript(&m.state, Duration::from_secs(2 * 3600));
+    let out = gc_state_dir(&m, &["--older-than", "1h"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = stdout(&out);
     assert!(out.contains("kept 1 checkpoint (new-3)"), "{out}");
