@@ -938,6 +938,37 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_puts_append_each_content_once() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("backups");
+        let store = Store::open_with(&dir, SyncPolicy::Batched).expect("open");
+        let contents: Vec<Vec<u8>> = (0..50)
+            .map(|i| format!("content {i} {}", "y".repeat(i * 100)).into_bytes())
+            .collect();
+        std::thread::scope(|s| {
+            for t in 0..8usize {
+                let (store, contents) = (&store, &contents);
+                s.spawn(move || {
+                    for k in 0..200usize {
+                        let data = &contents[(t * 7 + k * 13) % contents.len()];
+                        let obj = store.put_bytes(data).expect("put");
+                        assert_eq!(obj.name, sha(data));
+                    }
+                });
+            }
+        });
+        // Every content once in the pack, each readable from a new store.
+        let file = File::open(pack_path(&dir, 1)).expect("open pack");
+        let (found, end) = walk(&file, 0).expect("walk");
+        assert_eq!(found.len(), contents.len());
+        assert_eq!(end, file.metadata().expect("stat").len());
+        let reopened = Store::open(&dir).expect("reopen");
+        for data in &contents {
+            assert_eq!(&reopened.read_object(&sha(data)).expect("read"), data);
+        }
+    }
+
+    #[test]
     fn a_full_pack_is_closed_and_the_next_append_starts_another() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("backups");
