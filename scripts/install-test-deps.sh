@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/install-test-deps.sh — installs what the tests need when it is missing
-# (Debian packages, pjdfstest and fsx, xfstests built from the pinned source in
+# (Debian packages, pjdfstest, fsx and cargo-fuzz, xfstests built from the pinned source in
 # ../shared/xfstests, the suites' dummy users, a git identity).
 # Idempotent; called by scripts/test.sh, so the README's test command is all the set-up
 # a fresh machine needs. Needs root for apt-get and useradd.
@@ -74,6 +74,20 @@ for spec in "pjdfstest:$PJDFSTEST_VERSION" "fsx:$FSX_VERSION"; do
         cargo install --locked "$crate@$ver"
     fi
 done
+
+# ---- cargo-fuzz for scripts/fuzz.sh (pinned, from crates.io) ---------------------------
+# No nightly toolchain: scripts/fuzz.sh builds with the stable one and RUSTC_BOOTSTRAP=1.
+# libfuzzer-sys compiles libFuzzer with the C++ compiler (build-essential, above).
+CARGO_FUZZ_VERSION=0.13.2
+if [[ $(cargo fuzz --version 2>/dev/null) != "cargo-fuzz $CARGO_FUZZ_VERSION" ]]; then
+    say "cargo install --locked cargo-fuzz@$CARGO_FUZZ_VERSION"
+    cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION" \
+        || { echo "ci: ERROR: cargo install --locked cargo-fuzz --version $CARGO_FUZZ_VERSION failed (needs crates.io); scripts/fuzz.sh (scripts/test.sh step 5) needs it" >&2; exit 1; }
+    [[ $(cargo fuzz --version 2>/dev/null) == "cargo-fuzz $CARGO_FUZZ_VERSION" ]] \
+        || { echo "ci: ERROR: after cargo install, 'cargo fuzz --version' says '$(cargo fuzz --version 2>&1)', not cargo-fuzz $CARGO_FUZZ_VERSION" >&2; exit 1; }
+fi
+command -v c++ >/dev/null 2>&1 \
+    || { echo "ci: ERROR: no C++ compiler (c++): libfuzzer-sys needs one to build libFuzzer for scripts/fuzz.sh (apt-get install g++)" >&2; exit 1; }
 
 # ---- xfstests (pinned source from ../shared, built once into a cache outside the repo) ---
 # The tree is built from the tarball as is; tests/posix/xfstests-fuse.patch (the FSTYP=fuse

@@ -7,17 +7,22 @@ usage() {
 usage: ./scripts/test.sh [--quick] [--help]
 
 Runs, stopping at the first failure with a clear message:
-  1. cargo fmt --check
+  1. cargo fmt --check                         (and of the fuzz crate, fuzz/)
   2. cargo clippy --all-targets -- -D warnings
   3. cargo build --release
   4. cargo test --release -- --test-threads=2   (integration tests mount real FUSE
-     file systems; must not leave mounts or daemons behind)
-  5. cargo test --release --test fuzz           (bounded fuzzing, CHECKPOINTFS_FUZZ_SECS
-                                                 per target, 20 here: transcript parser
-                                                 and replay, store journal, control
-                                                 requests, ctl lines; corpus in
-                                                 tests/fuzz-corpus/, failing inputs saved
-                                                 in target/fuzz-crashes/)
+     file systems; must not leave mounts or daemons behind; includes tests/fuzz.rs,
+     the stable mutation fuzzer, 2 s per target)
+  5. scripts/fuzz.sh                            (coverage-guided fuzzing: cargo-fuzz
+                                                 targets built with the stable toolchain
+                                                 and RUSTC_BOOTSTRAP=1, AddressSanitizer,
+                                                 each run CHECKPOINTFS_FUZZ_SECS, 20 here:
+                                                 transcript parser and replay, store
+                                                 journal, control requests, ctl lines;
+                                                 from a scratch copy of tests/fuzz-corpus/;
+                                                 a failing input is kept in
+                                                 fuzz/artifacts/TARGET/ and the command
+                                                 that replays it is printed)
   6. scripts/posix-suites.sh                    (pjdfstest vs ext4 baseline + fsx,
                                                  default kernel-passthrough mode)
   7. scripts/posix-suites.sh --no-passthrough   (same, FUSE read/write mode)
@@ -34,8 +39,10 @@ Options:
 Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's
 scratch dir (/var/tmp/cpt.XXXXXX, also used as TMPDIR for cargo test) is unmounted on
 every exit path, and no checkpointfs daemon is left running.
-Environment: CHECKPOINTFS_FUZZ_SECS (seconds per fuzz target in step 5, default 20),
-CHECKPOINTFS_FUZZ_SEED (the fuzz PRNG seed, default fixed), CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
+Environment: CHECKPOINTFS_FUZZ_SECS (seconds per fuzz target in step 5, default 20; 0 skips
+step 5, and tests/fuzz.rs in step 4 runs its inputs for this long too when it is set),
+CHECKPOINTFS_FUZZ_SANITIZER (step 5: address, the default, or none), CHECKPOINTFS_FUZZ_SEED
+(tests/fuzz.rs's PRNG seed, default fixed), CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
 per mode, default 2400), XFSTESTS_STEP_TIMEOUT (seconds for step 8, default 3600;
 XFSTESTS_TIMEOUT, default 1500, bounds each file system's ./check), CHECKPOINTFS_BIN (run the POSIX suites against this binary
 instead of the one just built — for testing the harness); the knobs of
@@ -193,7 +200,8 @@ posix() {   # posix MODE [args...]
 
 T_PASS=0 T_FAIL=0 T_IGN=0
 echo "test.sh: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') on $(uname -r), $(nproc) cores; scratch $TEST_ROOT"
-step "cargo fmt" "run 'cargo fmt' and commit the result" cargo fmt --check
+fmt_check() { cargo fmt --check && cargo fmt --check --manifest-path fuzz/Cargo.toml; }
+step "cargo fmt" "run 'cargo fmt' (and 'cargo fmt --manifest-path fuzz/Cargo.toml') and commit the result" fmt_check
 step "cargo clippy" "fix the clippy warnings above (they are errors here)" \
     cargo clippy --all-targets -- -D warnings
 step "cargo build" "the release build failed" cargo build --release
@@ -207,10 +215,11 @@ if [[ -n ${CHECKPOINTFS_BIN:-} ]]; then   # harness testing only: suites use ano
 fi
 [[ -x $BIN ]] || { CURRENT_STEP="cargo build"; FAIL_HINT="no binary at $BIN"; exit 1; }
 step "cargo test" "see the failing tests above; log $LOGDIR/cargo-test.log" cargo_test
-# Step 4 ran each fuzz target for its default 2 s; this is the CI budget (4 x 20 s).
-step "fuzz" "a fuzz target panicked or gave an unclear error: the input is in target/fuzz-crashes/, replay it with the seed printed above" \
+# Step 4 ran tests/fuzz.rs (stable, no instrumentation) for its default 2 s a target; this
+# is the coverage-guided run, CHECKPOINTFS_FUZZ_SECS a target (4 x 20 s), after its build.
+step "fuzz" "a fuzz target failed: the failing input and the command that replays it are above; libFuzzer's output is in $LOGDIR/fuzz/" \
     env CHECKPOINTFS_FUZZ_SECS="${CHECKPOINTFS_FUZZ_SECS:-20}" TMPDIR="$TEST_ROOT/tmp" \
-    cargo test --release --test fuzz -- --test-threads=1
+    FUZZ_LOG_DIR="$LOGDIR/fuzz" "$ROOT/scripts/fuzz.sh"
 
 P_PASS=0 P_TOL=0 P_SKIP=0 FSX_OK=0 X_PASS=0 X_FAIL=0 X_NR=0
 if [[ $QUICK == 0 ]]; then

@@ -1,25 +1,27 @@
-//! Bounded fuzzing on stable Rust (issue 11): the transcript parser and replay, the store
-//! journal parser, the control-protocol request parser and `ctl` line parsing, each fed the
-//! committed corpus (tests/fuzz-corpus/<target>/) and then mutations of it from a seeded
-//! PRNG until its time budget runs out. Asserts no panic and clean errors (a message that
-//! names the problem), plus each target's own properties.
+//! Bounded fuzzing on stable Rust with no instrumentation (issue 11): the transcript parser
+//! and replay, the store journal parser, the control-protocol request parser and `ctl` line
+//! parsing, each fed the committed corpus (tests/fuzz-corpus/<target>/) and then mutations of
+//! it from a seeded PRNG until its time budget runs out. What each input must satisfy (no
+//! panic, errors that name the problem, each target's own properties) is in fuzz/props.rs,
+//! which the coverage-guided cargo-fuzz targets (fuzz/fuzz_targets/) check too.
 //!
-//! Budget: `CHECKPOINTFS_FUZZ_SECS` seconds per target (default 2; scripts/test.sh runs 20).
-//! Seed: `CHECKPOINTFS_FUZZ_SEED` (default fixed, so a plain run is reproducible); a failure
-//! prints the seed and writes the input to target/fuzz-crashes/<target>-<n>.
+//! Budget: `CHECKPOINTFS_FUZZ_SECS` seconds per target (default 2). Seed:
+//! `CHECKPOINTFS_FUZZ_SEED` (default fixed, so a plain run is reproducible). A failing input
+//! fails again alone (props.rs draws nothing from the PRNG): it is written to
+//! target/fuzz-crashes/<target>-<n>, and `cargo fuzz run <target> <file>` replays it.
 #![allow(
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
+use std::cell::Cell;
 use std::fs;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use checkpointfs::control::{MAX_REQUEST, parse_request};
-use checkpointfs::ids::{CtlLine, MAX_CTL_LINE, take_ctl_lines, validate_id};
-use checkpointfs::transcript::journal::{JOURNAL_FILE_NAME, Journal};
-use checkpointfs::transcript::replay::read_transcript;
+#[path = "fuzz/props.rs"]
+mod props;
 
 /// xorshift64*: small, fast, and the same sequence for the same seed everywhere.
 struct Rng(u64);
@@ -37,35 +39,44 @@ impl Rng {
     }
 }
 
-/// Bytes that matter to the formats: JSON syntax, the record fields, ctl separators.
-const TOKENS: &[&[u8]] = &[
-    b"\n",
-    b"{",
-    b"}",
-    b"[",
-    b"]",
-    b"\"",
-    b",",
-    b":",
-    b"null",
-    b"true",
-    b"-1",
-    b"0",
-    b"4294967296",
-    b"18446744073709551616",
-    b"\"version\":",
-    b"\"seq\":",
-    b"\"type\":\"file-history-snapshot\"",
-    b"\"isSnapshotUpdate\":false",
-    b"\"pending\":true",
-    b"\"backupFileName\":\"../x\"",
-    b"\"mode\":3565",
-    b"\"cmd\":\"rewind\"",
-    b"session ",
-    b" ",
-    b"\xff",
-    b"\\u0000",
-];
+/// The tokens of tests/fuzz-corpus/formats.dict (libFuzzer's `-dict=` format: one quoted
+/// token a line, with `\\`, `\"` and `\xNN` escapes), spliced in as one of the mutations.
+static TOKENS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus/formats.dict");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let tokens: Vec<Vec<u8>> = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let quoted = l
+                .strip_prefix('"')
+                .and_then(|l| l.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("{}: not a quoted token: {l}", path.display()));
+            let mut token = Vec::new();
+            let mut rest = quoted.as_bytes();
+            while let Some((&b, tail)) = rest.split_first() {
+                rest = tail;
+                if b != b'\\' {
+                    token.push(b);
+                } else if let [b'x', hi, lo, tail @ ..] = rest {
+                    let byte = std::str::from_utf8(&[*hi, *lo])
+                        .ok()
+                        .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+                    token.push(
+                        byte.unwrap_or_else(|| panic!("{}: bad \\x escape in {l}", path.display())),
+                    );
+                    rest = tail;
+                } else if let [escaped, tail @ ..] = rest {
+                    token.push(*escaped);
+                    rest = tail;
+                }
+            }
+            token
+        })
+        .collect();
+    assert!(!tokens.is_empty(), "{} holds no token", path.display());
+    tokens
+});
 
 fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
     let mut data = corpus[rng.below(corpus.len())].clone();
@@ -77,7 +88,7 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
                 data[i] ^= 1 << rng.below(8);
             }
             1 => {
-                let t = TOKENS[rng.below(TOKENS.len())];
+                let t = &TOKENS[rng.below(TOKENS.len())];
                 data.splice(at..at, t.iter().copied());
             }
             2 if !data.is_empty() => {
@@ -156,7 +167,7 @@ fn corpus(target: &str) -> Vec<Vec<u8>> {
 
 /// Runs `check` on every corpus entry, then on mutations until the budget is spent. Returns
 /// how many inputs ran.
-fn fuzz(target: &str, check: impl Fn(&[u8], &mut Rng)) -> u64 {
+fn fuzz(target: &str, check: impl Fn(&[u8])) -> u64 {
     let inputs = corpus(target);
     let seed = seed(target);
     let mut rng = Rng(seed);
@@ -172,8 +183,7 @@ fn fuzz(target: &str, check: impl Fn(&[u8], &mut Rng)) -> u64 {
             break;
         };
         i += 1;
-        let mut case_rng = Rng(rng.next() | 1);
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| check(&input, &mut case_rng))) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| check(&input))) {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz-crashes");
             fs::create_dir_all(&dir).unwrap();
             let path = dir.join(format!("{target}-{runs}"));
@@ -184,8 +194,9 @@ fn fuzz(target: &str, check: impl Fn(&[u8], &mut Rng)) -> u64 {
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
             panic!(
-                "fuzz target {target}: input {runs} failed (seed {seed}, \
-                 CHECKPOINTFS_FUZZ_SEED to replay; input saved as {}): {msg}",
+                "fuzz target {target}: input {runs} failed (seed {seed}): {msg}\n\
+                 input saved as {0}; replay it alone, in the repository, with \
+                 `RUSTC_BOOTSTRAP=1 cargo fuzz run {target} {0}`",
                 path.display()
             );
         }
@@ -195,44 +206,12 @@ fn fuzz(target: &str, check: impl Fn(&[u8], &mut Rng)) -> u64 {
     runs
 }
 
-/// A scratch file, rewritten for every input (a parser that reads paths needs one). In
-/// /dev/shm where there is one: rewriting a file by truncation on ext4 starts writeback at
-/// every close (auto_da_alloc), which would cost most of the budget.
-fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
-    let path = dir.path().join(name);
-    (dir, path)
-}
-
 #[test]
 fn fuzz_transcript_parser_and_replay() {
-    let (_dir, path) = scratch("transcript.jsonl");
-    let replayed = std::cell::Cell::new(0u64);
-    let runs = fuzz("transcript", |input, _| {
-        fs::write(&path, input).unwrap();
-        match read_transcript(&path) {
-            Ok(outcome) => {
-                let seqs: Vec<u64> = outcome.records.iter().map(|r| r.seq).collect();
-                assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs {seqs:?}");
-                // Some objects present, some missing, decided by name.
-                let mut has_object = |name: &str| !name.starts_with('0');
-                match checkpointfs::history::replay_for_fuzzing(&outcome.records, &mut has_object) {
-                    Ok(_) => replayed.set(replayed.get() + 1),
-                    Err(why) => assert!(!why.is_empty()),
-                }
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                assert!(
-                    msg.contains("transcript") && msg.contains("line"),
-                    "unclear error: {msg}"
-                );
-            }
+    let replayed = Cell::new(0u64);
+    let runs = fuzz("transcript", |input| {
+        if props::check_transcript(input) {
+            replayed.set(replayed.get() + 1);
         }
     });
     assert!(runs > 0);
@@ -241,71 +220,23 @@ fn fuzz_transcript_parser_and_replay() {
 
 #[test]
 fn fuzz_journal_parser() {
-    let (dir, _) = scratch("");
-    let path = dir.path().join(JOURNAL_FILE_NAME);
-    fuzz("journal", |input, rng| {
-        fs::write(&path, input).unwrap();
-        let after = rng.below(20) as u64;
-        match Journal::read_after(&path, after) {
-            Ok(records) => assert!(records.iter().all(|r| r.seq > after)),
-            Err(e) => {
-                let msg = e.to_string();
-                assert!(msg.contains("store journal"), "unclear error: {msg}");
-            }
-        }
-    });
+    fuzz("journal", props::check_journal);
 }
 
 #[test]
 fn fuzz_control_requests() {
-    let parsed = std::cell::Cell::new(0u64);
-    fuzz("control", |input, rng| {
-        let line = input.strip_suffix(b"\n").unwrap_or(input);
-        let line = &line[..line.len().min(MAX_REQUEST)];
-        let terminated = rng.below(2) == 0;
-        match parse_request(line, terminated) {
-            Ok(req) => {
-                parsed.set(parsed.get() + 1);
-                // What the daemon accepts, the client can send.
-                let again = serde_json::to_vec(&req).unwrap();
-                parse_request(&again, true).expect("a request as the client sends it");
-            }
-            Err(why) => assert!(why.starts_with("bad control request: "), "{why}"),
+    let parsed = Cell::new(0u64);
+    fuzz("control", |input| {
+        if props::check_control(input) {
+            parsed.set(parsed.get() + 1);
         }
     });
-    assert!(parsed.get() > 0);
+    assert!(parsed.get() > 0, "no input parsed as a request");
 }
 
 /// The lines of `data` taken in one write, or split at any byte into two writes, are the
 /// same: an id cut across writes is one id.
 #[test]
 fn fuzz_ctl_lines() {
-    fuzz("ctl", |input, rng| {
-        if let Ok(id) = validate_id(input) {
-            assert!(id.len() <= 128 && !id.contains(['/', ' ', '\n']));
-        }
-        let whole = take_ctl_lines(b"", input, false);
-        let cut = rng.below(input.len() + 1);
-        let first = take_ctl_lines(b"", &input[..cut], false);
-        if let Ok(batch) = &whole {
-            assert!(batch.rest.len() <= MAX_CTL_LINE && !batch.rest.contains(&b'\n'));
-            for line in &batch.lines {
-                if let CtlLine::Checkpoint(id) = line {
-                    assert!(validate_id(id.as_bytes()).is_ok(), "{id:?}");
-                }
-            }
-            let closed = take_ctl_lines(&batch.rest, b"", true);
-            if let Ok(closed) = closed {
-                assert!(closed.rest.is_empty() && closed.lines.len() <= 1);
-            }
-        }
-        if let (Ok(whole), Ok(first)) = (&whole, &first) {
-            let second = take_ctl_lines(&first.rest, &input[cut..], false)
-                .expect("the whole write was taken, so its second part is");
-            let mut lines = first.lines.clone();
-            lines.extend(second.lines);
-            assert_eq!(whole.lines, lines, "cut at {cut}");
-            assert_eq!(whole.rest, second.rest);
-        }
-    });
+    fuzz("ctl", props::check_ctl);
 }
