@@ -422,11 +422,20 @@ fn with_checkpoints_unmounts_on_a_signal() {
     let m = TestMount::unmounted(&[]);
     let root = m.root();
     let _guard = RootGuard(root.clone());
+    // Each command says it is running (its traps set) by creating `ready`.
+    let ready = root.join("ready");
+    let r = ready.to_str().unwrap();
     for (cmd, min, max) in [
-        ("sleep 60", 0.0, 8.0),
+        (format!(": > {r}; sleep 60"), 0.0, 8.0),
         // Ignores SIGTERM: killed (with its children) after CHECKPOINTFS_GRACE=2 s.
-        ("trap '' TERM; while :; do sleep 0.1; done", 1.5, 10.0),
+        (
+            format!("trap '' TERM; : > {r}; while :; do sleep 0.1; done"),
+            1.5,
+            10.0,
+        ),
     ] {
+        let _ = fs::remove_file(&ready);
+        let cmd = cmd.as_str();
         let mut child = Command::new(script("with-checkpoints"))
             .args([
                 "--mnt",
@@ -443,10 +452,10 @@ fn with_checkpoints_unmounts_on_a_signal() {
             .unwrap();
         let _kill = KillOnDrop(Some(child.id() as i32));
         assert!(
-            wait_until(Duration::from_secs(20), || is_mount_point(&m.mnt)),
-            "never mounted"
+            wait_until(Duration::from_secs(20), || is_mount_point(&m.mnt)
+                && ready.exists()),
+            "never mounted, or the command never started"
         );
-        std::thread::sleep(Duration::from_millis(300));
         let t = Instant::now();
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let status = child.wait().unwrap();
