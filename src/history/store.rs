@@ -185,6 +185,9 @@ impl Store {
         store.remove_stale_temps()?;
         if policy != SyncPolicy::EachPut {
             store.sync_filesystem()?;
+            // The daemon's store (a deferring policy): leaves an index beside every closed
+            // pack that lacks one, for the next open.
+            store.packs.write_indexes(&store.dir_fd);
         }
         Ok(store)
     }

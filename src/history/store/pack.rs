@@ -38,6 +38,11 @@
 //!    a pack with removed ones to a new pack, syncs it and its name, and only then unlinks
 //!    the old pack. A crash in between leaves both; an entry in two packs is the same bytes.
 //!
+//! 6. **A pack's `.idx` is a cache.** `pack-<n>.idx` lists a pack's entries (name, offset,
+//!    length), the pack's length and a SHA-256 of the index itself. It is used only when it
+//!    is whole and the pack still has that length; otherwise the pack is walked. Its entries
+//!    are as unverified as a walk's (invariant 1).
+//!
 //! Lock order: `append` before `index`; `unsynced` is a leaf. None is held across a sync,
 //! except `append` during [`Packs::compact`] (gc, with every mutation quiesced) and during an
 //! `EachPut` append (the CLI's offline store, where no request waits).
@@ -111,6 +116,8 @@ struct Index {
     walked: BTreeMap<u32, u64>,
     /// Packs with removed entries, for [`Packs::compact`].
     holes: BTreeMap<u32, u64>,
+    /// Packs walked whole for want of a valid `.idx`: what [`Packs::write_indexes`] writes.
+    unindexed: Vec<(u32, u64, Vec<Found>)>,
 }
 
 impl Index {
@@ -181,6 +188,7 @@ pub(super) fn digest_of(name: &str) -> Option<[u8; 32]> {
 }
 
 /// One entry found by a walk.
+#[derive(Debug, Clone)]
 struct Found {
     digest: [u8; 32],
     offset: u64,
@@ -246,6 +254,91 @@ fn open_pack(dir: &File, pack: u32, flags: libc::c_int) -> io::Result<File> {
     )
 }
 
+/// The entry header of an index file.
+const IDX_MAGIC: [u8; 4] = *b"cpi1";
+/// One entry of an index file: SHA-256, offset of the data, length.
+const IDX_ENTRY: usize = 32 + 8 + 4;
+
+fn idx_name(pack: u32) -> CString {
+    CString::new(format!("{PACK_PREFIX}{pack:08}.idx")).expect("no NUL in an index name")
+}
+
+/// Writes `pack`'s index (invariant 6): to a temp name, then renamed over the index name.
+/// Not synced: a lost index is walked again.
+fn write_index(dir: &File, pack: u32, pack_len: u64, found: &[Found]) -> io::Result<()> {
+    let mut out = Vec::with_capacity(16 + found.len() * IDX_ENTRY + 32);
+    out.extend_from_slice(&IDX_MAGIC);
+    out.extend_from_slice(&pack_len.to_le_bytes());
+    out.extend_from_slice(&(found.len() as u32).to_le_bytes());
+    for f in found {
+        out.extend_from_slice(&f.digest);
+        out.extend_from_slice(&f.offset.to_le_bytes());
+        out.extend_from_slice(&f.len.to_le_bytes());
+    }
+    let sum = Sha256::digest(&out);
+    out.extend_from_slice(&sum);
+    let temp = CString::new(format!(".tmp-{}-idx-{pack}", std::process::id()))
+        .expect("no NUL in a temp name");
+    let file = openat(
+        dir,
+        &temp,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        PACK_MODE,
+    )?;
+    let written =
+        write_all_at(&file, &out, 0).and_then(|()| super::rename_at(dir, &temp, &idx_name(pack)));
+    if written.is_err() {
+        let _ = unlink_at(dir, &temp);
+    }
+    written
+}
+
+/// `pack`'s entries from its index, if the index is whole and describes a pack of
+/// `pack_len` bytes (invariant 6).
+fn read_index(dir: &File, pack: u32, pack_len: u64) -> Option<Vec<Found>> {
+    let file = openat(
+        dir,
+        &idx_name(pack),
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        0,
+    )
+    .ok()?;
+    let size = usize::try_from(file.metadata().ok()?.len()).ok()?;
+    if size < 16 + 32 || (size - 16 - 32) % IDX_ENTRY != 0 {
+        return None;
+    }
+    let mut data = vec![0u8; size];
+    if read_full_at(&file, &mut data, 0).ok()? != size {
+        return None;
+    }
+    let (body, sum) = data.split_at(size - 32);
+    if Sha256::digest(body).as_slice() != sum
+        || body[..4] != IDX_MAGIC
+        || u64::from_le_bytes(body[4..12].try_into().ok()?) != pack_len
+        || u32::from_le_bytes(body[12..16].try_into().ok()?) as usize
+            != (size - 16 - 32) / IDX_ENTRY
+    {
+        return None;
+    }
+    let found: Vec<Found> = body[16..]
+        .chunks_exact(IDX_ENTRY)
+        .map(|e| Found {
+            digest: e[..32].try_into().expect("32 bytes"),
+            offset: u64::from_le_bytes(e[32..40].try_into().expect("8 bytes")),
+            len: u32::from_le_bytes(e[40..44].try_into().expect("4 bytes")),
+        })
+        .collect();
+    // Every entry must lie inside the pack, as a walk would have found it.
+    found
+        .iter()
+        .all(|f| {
+            f.offset >= HEADER as u64
+                && u64::from(f.len) <= MAX_ENTRY
+                && f.offset + u64::from(f.len) <= pack_len
+        })
+        .then_some(found)
+}
+
 impl Packs {
     /// Indexes the packs in the store directory (`names`: its entries). Reads headers only;
     /// what it finds is unverified (invariant 1).
@@ -290,11 +383,45 @@ impl Packs {
                 }
                 Err(e) => return Err(e),
             };
+            if from == 0 {
+                let size = file.metadata()?.len();
+                if let Some(found) = read_index(dir, pack, size) {
+                    index.add_found(pack, found);
+                    index.walked.insert(pack, size);
+                    continue;
+                }
+            }
             let (found, end) = walk(&file, from)?;
+            if from == 0 {
+                index.unindexed.push((pack, end, found.clone()));
+            }
             index.add_found(pack, found);
             index.walked.insert(pack, end);
         }
         Ok(())
+    }
+
+    /// Writes the `.idx` of every pack but the last that was walked whole at open, so the
+    /// next open reads a few bytes per entry instead of the pack (invariant 6). Only the
+    /// last pack is ever appended to; an index that no longer matches its pack's length is
+    /// ignored anyway. Best effort: a failure costs the next open a walk, nothing else.
+    pub(super) fn write_indexes(&self, dir: &File) {
+        let (last, unindexed) = {
+            let mut index = lock(&self.index);
+            let last = index.walked.keys().next_back().copied();
+            (last, std::mem::take(&mut index.unindexed))
+        };
+        for (pack, len, found) in unindexed {
+            if Some(pack) == last {
+                continue;
+            }
+            if let Err(e) = write_index(dir, pack, len, &found) {
+                log::info!(
+                    "store: cannot write the index of {} ({e}); it is read whole at each open",
+                    pack_name(pack).to_string_lossy()
+                );
+            }
+        }
     }
 
     /// Whether an object is in a pack. `refresh`: on a miss, look at what other processes
@@ -673,6 +800,10 @@ impl Packs {
             index.walked.remove(&pack);
             drop(index);
             unlink_at(dir, &pack_name(pack))?;
+            match unlink_at(dir, &idx_name(pack)) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+                _ => {}
+            }
             crate::durability::sync_file(dir, false)?;
             freed += old_size.saturating_sub(kept);
         }
@@ -991,6 +1122,81 @@ mod tests {
                 .expect("read"),
             data
         );
+    }
+
+    /// Fills pack 1 and starts pack 2 through a daemon-like store; returns the names put.
+    fn two_packs(dir: &Path) -> Vec<String> {
+        let store = Store::open_with(dir, SyncPolicy::Caller).expect("open");
+        (0..ROLL_SIZE / MAX_ENTRY + 2)
+            .map(|i| {
+                let mut data = vec![1u8; MAX_ENTRY as usize];
+                data[..8].copy_from_slice(&i.to_le_bytes());
+                store.put_bytes(&data).expect("put").name
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_closed_pack_gets_an_index_that_the_next_open_reads_instead_of_the_pack() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("backups");
+        let names = two_packs(&dir);
+        assert!(!dir.join("pack-00000001.idx").exists());
+        // The daemon's next open writes the closed pack's index, not the last pack's.
+        drop(Store::open_with(&dir, SyncPolicy::Batched).expect("daemon open"));
+        assert!(
+            dir.join("pack-00000001.idx").exists(),
+            "{:?}",
+            entries(&dir)
+        );
+        assert!(!dir.join("pack-00000002.idx").exists());
+        // Spoil the first entry's header in the pack: a walk would now find nothing in it,
+        // so finding every object proves the index was read.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(pack_path(&dir, 1))
+            .expect("open pack");
+        f.write_at(b"XXXX", 0).expect("spoil");
+        drop(f);
+        let store = Store::open(&dir).expect("open");
+        let mut want = names.clone();
+        want.sort();
+        assert_eq!(store.list().expect("list"), want);
+        assert_eq!(
+            store.read_object(&names[0]).expect("read")[..8],
+            0u64.to_le_bytes()
+        );
+        // An index that no longer matches its pack (here: a longer pack) is not used.
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(pack_path(&dir, 1))
+            .expect("open pack");
+        f.write_at(b"!", f.metadata().expect("stat").len())
+            .expect("grow");
+        drop(f);
+        let store = Store::open(&dir).expect("open");
+        assert_eq!(
+            store.list().expect("list").len(),
+            2,
+            "pack 1 walked (and found nothing), pack 2's two entries listed"
+        );
+    }
+
+    #[test]
+    fn a_damaged_index_is_ignored_and_the_pack_walked() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("backups");
+        let names = two_packs(&dir);
+        drop(Store::open_with(&dir, SyncPolicy::Batched).expect("daemon open"));
+        let idx = dir.join("pack-00000001.idx");
+        let mut data = std::fs::read(&idx).expect("read idx");
+        data[20] ^= 0xff;
+        std::fs::write(&idx, &data).expect("damage idx");
+        let store = Store::open(&dir).expect("open");
+        assert_eq!(store.list().expect("list").len(), names.len());
+        // The daemon's next open writes a good one again.
+        drop(Store::open_with(&dir, SyncPolicy::Batched).expect("daemon open"));
+        assert_ne!(std::fs::read(&idx).expect("read idx"), data);
     }
 
     #[test]
