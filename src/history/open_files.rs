@@ -28,7 +28,8 @@
 //! their direct reads take the files' locks at nearly one moment: a program writing them in
 //! turn is held at one file while the others are read. Then all their keys are checked
 //! again; if any changed, every file is copied again (at least [`CONSISTENT_ROUNDS`] rounds,
-//! more within [`CONSISTENT_BUDGET`]) until none changed during a round. A writer that never
+//! more within [`CONSISTENT_BUDGET`]) until none changed during a round. A single file read
+//! in one direct read needs no second round: there is nothing for it to agree with. A writer that never
 //! pauses gets the last round, each file whole and all read together, and a warning (logged
 //! once). Copies stay in memory until their round is kept, so discarded rounds store
 //! nothing.
@@ -100,6 +101,23 @@ pub struct OpenCopy {
 enum CopyContent {
     Read { meta: EntryMeta, data: Vec<u8> },
     Stored(VersionState),
+}
+
+/// One file whose copy is one direct read: that read is its content at one moment (fact 1),
+/// and there is no other file for it to agree with, so a write since its change key was
+/// read asks for no further round (which would stall every mutation for another read of a
+/// possibly big file).
+fn single_atomic(copies: &[(String, Option<OpenCopy>)]) -> bool {
+    matches!(
+        copies,
+        [(
+            _,
+            Some(OpenCopy {
+                content: CopyContent::Read { .. },
+                ..
+            })
+        )]
+    )
 }
 
 impl OpenCopy {
@@ -313,7 +331,7 @@ impl History {
                     stale += 1;
                 }
             }
-            if stale == 0 {
+            if stale == 0 || single_atomic(&copies) {
                 break;
             }
             let last = round == MAX_ROUNDS
