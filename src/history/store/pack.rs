@@ -43,9 +43,13 @@
 //!    is whole and the pack still has that length; otherwise the pack is walked. Its entries
 //!    are as unverified as a walk's (invariant 1).
 //!
-//! Lock order: `append` before `index`; `unsynced` is a leaf. None is held across a sync,
-//! except `append` during [`Packs::compact`] (gc, with every mutation quiesced) and during an
-//! `EachPut` append (the CLI's offline store, where no request waits).
+//! Lock order: `append` before `index`; `unsynced` is a leaf. `index` is never held across
+//! IO (walks read with it unlocked, then merge). `append` is held across an append's one
+//! `pwrite` of at most [`MAX_ENTRY`] bytes into the page cache (so that a failed append can
+//! be cut off before the next one lands after it), while it opens or creates the pack to
+//! append to (once per pack), and across a sync only during
+//! [`Packs::compact`] (gc, with every mutation quiesced) and an `EachPut` append (the CLI's
+//! offline store, where no request waits).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
@@ -350,35 +354,43 @@ impl Packs {
         };
         let mut numbers: Vec<u32> = names.iter().filter_map(|n| pack_number(n)).collect();
         numbers.sort_unstable();
-        let mut index = lock(&packs.index);
-        for pack in numbers {
-            index.walked.insert(pack, 0);
-        }
-        packs.walk_new(dir, &mut index)?;
-        drop(index);
+        lock(&packs.index)
+            .walked
+            .extend(numbers.into_iter().map(|n| (n, 0)));
+        packs.walk_new(dir)?;
         Ok(packs)
     }
 
     /// Continues every known pack's walk from where it stopped (another process may have
     /// appended), and looks for packs created since.
-    fn walk_new(&self, dir: &File, index: &mut Index) -> io::Result<()> {
-        let next = index.walked.keys().next_back().map_or(1, |n| n + 1);
+    fn walk_new(&self, dir: &File) -> io::Result<()> {
+        // The reads happen with the index unlocked; what they found is merged after. Two
+        // walks of the same range add the same places, and a place someone verified (an
+        // append, a compaction) is never replaced by one found on disk (`add_found`).
+        let mut packs: Vec<(u32, u64)> = {
+            let index = lock(&self.index);
+            index.walked.iter().map(|(p, e)| (*p, *e)).collect()
+        };
+        let next = packs.last().map_or(1, |(n, _)| n + 1);
         for pack in next.. {
             match open_pack(dir, pack, libc::O_RDONLY) {
-                Ok(_) => {
-                    index.walked.insert(pack, 0);
-                }
+                Ok(_) => packs.push((pack, 0)),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
                 Err(e) => return Err(e),
             }
         }
-        let packs: Vec<(u32, u64)> = index.walked.iter().map(|(p, e)| (*p, *e)).collect();
+        enum Walked {
+            /// Compacted away meanwhile (by another process's gc).
+            Gone,
+            /// Entries found, the end of the walk, and whether they came from the index.
+            Found(Vec<Found>, u64, bool),
+        }
+        let mut walked = Vec::with_capacity(packs.len());
         for (pack, from) in packs {
             let file = match open_pack(dir, pack, libc::O_RDONLY) {
                 Ok(f) => f,
-                // Compacted away meanwhile (by another process's gc).
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    index.walked.remove(&pack);
+                    walked.push((pack, Walked::Gone));
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -386,17 +398,28 @@ impl Packs {
             if from == 0 {
                 let size = file.metadata()?.len();
                 if let Some(found) = read_index(dir, pack, size) {
-                    index.add_found(pack, found);
-                    index.walked.insert(pack, size);
+                    walked.push((pack, Walked::Found(found, size, true)));
                     continue;
                 }
             }
             let (found, end) = walk(&file, from)?;
-            if from == 0 {
-                index.unindexed.push((pack, end, found.clone()));
+            walked.push((pack, Walked::Found(found, end, from != 0)));
+        }
+        let mut index = lock(&self.index);
+        for (pack, w) in walked {
+            match w {
+                Walked::Gone => {
+                    index.walked.remove(&pack);
+                }
+                Walked::Found(found, end, indexed_or_partial) => {
+                    if !indexed_or_partial {
+                        index.unindexed.push((pack, end, found.clone()));
+                    }
+                    index.add_found(pack, found);
+                    let e = index.walked.entry(pack).or_default();
+                    *e = (*e).max(end);
+                }
             }
-            index.add_found(pack, found);
-            index.walked.insert(pack, end);
         }
         Ok(())
     }
@@ -431,17 +454,16 @@ impl Packs {
     }
 
     fn place(&self, dir: &File, digest: &[u8; 32], refresh: bool) -> Option<Place> {
-        let mut index = lock(&self.index);
-        if let Some(p) = index.objects.get(digest) {
+        if let Some(p) = lock(&self.index).objects.get(digest) {
             return Some(*p);
         }
-        if refresh {
-            if let Err(e) = self.walk_new(dir, &mut index) {
-                log::warn!("store: cannot read the packs: {e}");
-            }
-            return index.objects.get(digest).copied();
+        if !refresh {
+            return None;
         }
-        None
+        if let Err(e) = self.walk_new(dir) {
+            log::warn!("store: cannot read the packs: {e}");
+        }
+        lock(&self.index).objects.get(digest).copied()
     }
 
     /// An object's data, verified (invariant 1); `None` if no pack holds it. A damaged
@@ -606,8 +628,8 @@ impl Packs {
     /// was created.
     fn start_appending(&self, dir: &File) -> io::Result<(Appender, bool)> {
         let last = {
-            let mut index = lock(&self.index);
-            self.walk_new(dir, &mut index)?;
+            self.walk_new(dir)?;
+            let index = lock(&self.index);
             index.walked.iter().next_back().map(|(p, e)| (*p, *e))
         };
         if let Some((pack, _)) = last {
