@@ -382,8 +382,13 @@ impl Packs {
         enum Walked {
             /// Compacted away meanwhile (by another process's gc).
             Gone,
-            /// Entries found, the end of the walk, and whether they came from the index.
-            Found(Vec<Found>, u64, bool),
+            /// Entries found and where the walk ended; `whole`: read from the pack's start
+            /// for want of an index (so one is worth writing).
+            Found {
+                found: Vec<Found>,
+                end: u64,
+                whole: bool,
+            },
         }
         let mut walked = Vec::with_capacity(packs.len());
         for (pack, from) in packs {
@@ -398,12 +403,14 @@ impl Packs {
             if from == 0 {
                 let size = file.metadata()?.len();
                 if let Some(found) = read_index(dir, pack, size) {
-                    walked.push((pack, Walked::Found(found, size, true)));
+                    let (end, whole) = (size, false);
+                    walked.push((pack, Walked::Found { found, end, whole }));
                     continue;
                 }
             }
             let (found, end) = walk(&file, from)?;
-            walked.push((pack, Walked::Found(found, end, from != 0)));
+            let whole = from == 0;
+            walked.push((pack, Walked::Found { found, end, whole }));
         }
         let mut index = lock(&self.index);
         for (pack, w) in walked {
@@ -411,8 +418,8 @@ impl Packs {
                 Walked::Gone => {
                     index.walked.remove(&pack);
                 }
-                Walked::Found(found, end, indexed_or_partial) => {
-                    if !indexed_or_partial {
+                Walked::Found { found, end, whole } => {
+                    if whole {
                         index.unindexed.push((pack, end, found.clone()));
                     }
                     index.add_found(pack, found);
