@@ -279,30 +279,20 @@ impl Store {
     /// A packed object's content, verified; `None` if no pack holds it (`refresh`: after
     /// looking at what other processes appended since).
     fn read_packed(&self, name: &str, refresh: bool) -> io::Result<Option<Vec<u8>>> {
-        let Some(digest) = pack::digest_of(name) else {
-            return Ok(None);
-        };
-        if !self.packs.contains(&self.dir_fd, &digest, refresh) {
-            return Ok(None);
+        match pack::digest_of(name) {
+            Some(digest) => self.packs.read(&self.dir_fd, &digest, refresh),
+            None => Ok(None),
         }
-        self.packs.read(&self.dir_fd, &digest)
     }
 
     /// Re-hashes an object and reports whether its content still matches its name.
     pub fn verify(&self, name: &str) -> io::Result<bool> {
-        match self.read_packed(name, true) {
-            Ok(Some(_)) => return Ok(true),
-            Ok(None) => {}
+        let file = match self.open_object(name) {
+            Ok(file) => file,
+            // A pack entry that does not match its name (see `pack`, invariant 1).
             Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(false),
             Err(e) => return Err(e),
-        }
-        let cname = object_cname(name)?;
-        let file = openat(
-            &self.dir_fd,
-            &cname,
-            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            0,
-        )?;
+        };
         let mut buf = vec![0u8; BUF_SIZE];
         let (hasher, _) = hash_file(&file, &mut buf)?;
         Ok(hex(&hasher.finalize()) == name)

@@ -51,7 +51,7 @@
 //! [`Packs::compact`] (gc, with every mutation quiesced) and an `EachPut` append (the CLI's
 //! offline store, where no request waits).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
@@ -119,7 +119,7 @@ struct Index {
     /// Every pack seen, with the end of the walk so far (where a refresh resumes).
     walked: BTreeMap<u32, u64>,
     /// Packs with removed entries, for [`Packs::compact`].
-    holes: BTreeMap<u32, u64>,
+    holed: BTreeSet<u32>,
     /// Packs walked whole for want of a valid `.idx`: what [`Packs::write_indexes`] writes.
     unindexed: Vec<(u32, u64, Vec<Found>)>,
 }
@@ -344,8 +344,8 @@ fn read_index(dir: &File, pack: u32, pack_len: u64) -> Option<Vec<Found>> {
 }
 
 impl Packs {
-    /// Indexes the packs in the store directory (`names`: its entries). Reads headers only;
-    /// what it finds is unverified (invariant 1).
+    /// Indexes the packs in the store directory (`names`: its entries), from their `.idx`
+    /// where one is valid, else by walking them; what it finds is unverified (invariant 1).
     pub(super) fn open(dir: &File, names: &[Vec<u8>]) -> io::Result<Packs> {
         let packs = Packs {
             append: Mutex::new(None),
@@ -367,14 +367,16 @@ impl Packs {
         // The reads happen with the index unlocked; what they found is merged after. Two
         // walks of the same range add the same places, and a place someone verified (an
         // append, a compaction) is never replaced by one found on disk (`add_found`).
-        let mut packs: Vec<(u32, u64)> = {
+        // Known packs, then those created since (found by their next numbers), each with the
+        // file opened by that search if it opened one.
+        let mut packs: Vec<(u32, u64, Option<File>)> = {
             let index = lock(&self.index);
-            index.walked.iter().map(|(p, e)| (*p, *e)).collect()
+            index.walked.iter().map(|(p, e)| (*p, *e, None)).collect()
         };
-        let next = packs.last().map_or(1, |(n, _)| n + 1);
+        let next = packs.last().map_or(1, |(n, _, _)| n + 1);
         for pack in next.. {
             match open_pack(dir, pack, libc::O_RDONLY) {
-                Ok(_) => packs.push((pack, 0)),
+                Ok(file) => packs.push((pack, 0, Some(file))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
                 Err(e) => return Err(e),
             }
@@ -391,8 +393,8 @@ impl Packs {
             },
         }
         let mut walked = Vec::with_capacity(packs.len());
-        for (pack, from) in packs {
-            let file = match open_pack(dir, pack, libc::O_RDONLY) {
+        for (pack, from, opened) in packs {
+            let file = match opened.map_or_else(|| open_pack(dir, pack, libc::O_RDONLY), Ok) {
                 Ok(f) => f,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     walked.push((pack, Walked::Gone));
@@ -475,10 +477,16 @@ impl Packs {
 
     /// An object's data, verified (invariant 1); `None` if no pack holds it. A damaged
     /// entry is dropped from the index and reported as `InvalidData`.
-    pub(super) fn read(&self, dir: &File, digest: &[u8; 32]) -> io::Result<Option<Vec<u8>>> {
-        // A compaction may move the entry between the lookup and the open: look again then.
-        for _ in 0..3 {
-            let Some(place) = self.place(dir, digest, true) else {
+    pub(super) fn read(
+        &self,
+        dir: &File,
+        digest: &[u8; 32],
+        refresh: bool,
+    ) -> io::Result<Option<Vec<u8>>> {
+        // A compaction may move the entry between the lookup and the open: look again then
+        // (the moved entry is found by a refresh).
+        for attempt in 0..3 {
+            let Some(place) = self.place(dir, digest, refresh || attempt > 0) else {
                 return Ok(None);
             };
             let file = match open_pack(dir, place.pack, libc::O_RDONLY) {
@@ -550,7 +558,7 @@ impl Packs {
         match self.place(dir, digest, false) {
             None => false,
             Some(p) if p.verified => true,
-            Some(_) => matches!(self.read(dir, digest), Ok(Some(_))),
+            Some(_) => matches!(self.read(dir, digest, false), Ok(Some(_))),
         }
     }
 
@@ -737,7 +745,7 @@ impl Packs {
         let mut index = lock(&self.index);
         match index.objects.remove(digest) {
             Some(p) => {
-                *index.holes.entry(p.pack).or_default() += u64::from(p.len) + HEADER as u64;
+                index.holed.insert(p.pack);
                 true
             }
             None => false,
@@ -750,9 +758,7 @@ impl Packs {
     pub(super) fn compact(&self, store: &super::Store) -> io::Result<u64> {
         let dir = &store.dir_fd;
         let mut append = lock(&self.append);
-        let holed: Vec<u32> = std::mem::take(&mut lock(&self.index).holes)
-            .into_keys()
-            .collect();
+        let holed = std::mem::take(&mut lock(&self.index).holed);
         let mut freed = 0u64;
         for pack in holed {
             if append.as_ref().is_some_and(|a| a.pack == pack) {
