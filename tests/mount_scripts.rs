@@ -12,6 +12,8 @@ mod common;
 
 use std::fs;
 use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -425,8 +427,18 @@ fn with_checkpoints_unmounts_on_a_signal() {
     // Each command says it is running (its traps set) by creating `ready`.
     let ready = root.join("ready");
     let r = ready.to_str().unwrap();
+    // A child that outlives the signal keeps the mount busy; each command's sleeps carry a
+    // duration no other process uses, so survivors can be found (and are killed on failure).
+    let marker = "61.25";
     for (cmd, min, max) in [
-        (format!(": > {r}; sleep 60"), 0.0, 8.0),
+        (format!(": > {r}; sleep {marker}"), 0.0, 8.0),
+        // Forks without pause: a child forked between the script's look at the process
+        // tree and its kill must get the signal too.
+        (
+            format!(": > {r}; while :; do sleep {marker} & done"),
+            0.0,
+            8.0,
+        ),
         // Ignores SIGTERM: killed (with its children) after CHECKPOINTFS_GRACE=2 s.
         (
             format!("trap '' TERM; : > {r}; while :; do sleep 0.1; done"),
@@ -460,10 +472,35 @@ fn with_checkpoints_unmounts_on_a_signal() {
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let status = child.wait().unwrap();
         let took = t.elapsed().as_secs_f64();
+        let survivors = kill_processes_with_args(&["sleep", marker]);
+        assert_eq!(survivors, 0, "{cmd}: processes outlived the signal");
         assert_eq!(status.code(), Some(143), "{cmd}: {status:?}");
         assert!(took >= min && took < max, "{cmd}: took {took:.1}s");
         assert_nothing_mounted_under(&root);
     }
+}
+
+/// SIGKILLs every process whose command line is exactly `args`; returns how many there were.
+fn kill_processes_with_args(args: &[&str]) -> usize {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let mut killed = 0;
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if fs::read(entry.path().join("cmdline")).is_ok_and(|c| c == want) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed += 1;
+        }
+    }
+    killed
 }
 
 /// Kills a process (SIGKILL) when dropped, if still set.
@@ -780,15 +817,100 @@ fn mount_helper_translates_options() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// Removes /sbin/mount.fuse.checkpointfs when dropped, if this test installed it.
-struct SbinHelper(bool);
+/// Runs this thread, and what it spawns, in a private mount namespace where
+/// `/sbin/mount.fuse.checkpointfs` is this tree's helper: mount(8) finds helpers in /sbin
+/// only, and whatever the host has installed there is not ours to replace. /sbin is
+/// overlaid on a tmpfs in that namespace only. Mounts made meanwhile stay in it too
+/// (propagation slave), so dropping the guard unmounts `mnt` there before the thread goes
+/// back to the host's namespace.
+struct PrivateSbinHelper {
+    host_ns: fs::File,
+    mnt: PathBuf,
+    _scratch: tempfile::TempDir,
+}
 
-impl Drop for SbinHelper {
-    fn drop(&mut self) {
-        if self.0 {
-            let _ = fs::remove_file("/sbin/mount.fuse.checkpointfs");
+impl PrivateSbinHelper {
+    fn install(mnt: &Path) -> Self {
+        let host_ns = fs::File::open("/proc/thread-self/ns/mnt").unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        // SAFETY: plain syscall; CLONE_NEWNS moves only the calling thread (it implies
+        // CLONE_FS, which unshare gives this thread its own copy of).
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+        assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+        let guard = PrivateSbinHelper {
+            host_ns,
+            mnt: mnt.to_path_buf(),
+            _scratch: scratch,
+        };
+        sys_mount(
+            "none",
+            Path::new("/"),
+            "",
+            libc::MS_REC | libc::MS_SLAVE,
+            "",
+        );
+        let scratch = guard._scratch.path();
+        sys_mount("tmpfs", scratch, "tmpfs", 0, "mode=0700");
+        for d in ["upper", "work"] {
+            fs::create_dir(scratch.join(d)).unwrap();
         }
+        let sbin = fs::canonicalize("/sbin").unwrap();
+        let layers = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            sbin.display(),
+            scratch.join("upper").display(),
+            scratch.join("work").display()
+        );
+        sys_mount("overlay", &sbin, "overlay", 0, &layers);
+        let helper = sbin.join("mount.fuse.checkpointfs");
+        let _ = fs::remove_file(&helper);
+        fs::copy(script("mount.fuse.checkpointfs"), &helper).unwrap();
+        fs::set_permissions(&helper, fs::Permissions::from_mode(0o755)).unwrap();
+        guard
     }
+}
+
+impl Drop for PrivateSbinHelper {
+    fn drop(&mut self) {
+        if is_mount_point(&self.mnt) {
+            let _ = cli(&["umount".as_ref(), self.mnt.as_os_str()]);
+        }
+        if is_mount_point(&self.mnt) {
+            let path = std::ffi::CString::new(self.mnt.as_os_str().as_bytes()).unwrap();
+            // SAFETY: `path` is a valid NUL-terminated string for the call's duration.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+        // SAFETY: `host_ns` is an open mount-namespace fd; only this thread moves.
+        let rc = unsafe { libc::setns(self.host_ns.as_raw_fd(), libc::CLONE_NEWNS) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// mount(2), panicking with the error.
+fn sys_mount(source: &str, target: &Path, fstype: &str, flags: libc::c_ulong, data: &str) {
+    let c = |s: &[u8]| std::ffi::CString::new(s).unwrap();
+    let (source, target, fstype, data) = (
+        c(source.as_bytes()),
+        c(target.as_os_str().as_bytes()),
+        c(fstype.as_bytes()),
+        c(data.as_bytes()),
+    );
+    // SAFETY: every pointer is a valid NUL-terminated string for the call's duration.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mount {target:?}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn fstype_of(mnt: &Path) -> Option<String> {
@@ -799,9 +921,9 @@ fn fstype_of(mnt: &Path) -> Option<String> {
         .map(|(_, t)| t)
 }
 
-/// The kernel's per-mount options of `mnt` (field 6 of /proc/self/mountinfo).
+/// The kernel's per-mount options of `mnt` (field 6 of this thread's mountinfo).
 fn mount_flags_of(mnt: &Path) -> Vec<String> {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let info = fs::read_to_string("/proc/thread-self/mountinfo").unwrap();
     info.lines()
         .rev()
         .map(|l| l.split(' ').collect::<Vec<_>>())
@@ -858,21 +980,7 @@ fn mount_helper_mounts_directly_via_mount_8_and_via_fstab() {
     umount_cli(&m.mnt);
 
     // 2. Through mount(8), which runs /sbin/mount.fuse.checkpointfs.
-    let sbin = Path::new("/sbin/mount.fuse.checkpointfs");
-    let ours = fs::read(script("mount.fuse.checkpointfs")).unwrap();
-    let _installed = if sbin.exists() {
-        assert!(
-            fs::read(sbin).ok().as_deref() == Some(&ours[..]),
-            "a different {sbin:?} is installed: remove it (or install \
-             mount-scripts/mount.fuse.checkpointfs there) to test mount(8)"
-        );
-        SbinHelper(false)
-    } else {
-        fs::write(sbin, &ours).unwrap();
-        let guard = SbinHelper(true);
-        fs::set_permissions(sbin, fs::Permissions::from_mode(0o755)).unwrap();
-        guard
-    };
+    let _helper = PrivateSbinHelper::install(&m.mnt);
     let out = run_with(
         Path::new("mount"),
         &[

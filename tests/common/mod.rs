@@ -488,9 +488,10 @@ fn unescape(field: &[u8]) -> PathBuf {
     PathBuf::from(OsStr::from_bytes(&out))
 }
 
-/// Mount points listed in /proc/self/mountinfo, with their fstype, in table order.
+/// Mount points in this thread's mount namespace (a test may move one thread), with their
+/// fstype, in table order.
 pub fn mounts() -> Vec<(PathBuf, String)> {
-    let text = fs::read("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    let text = fs::read("/proc/thread-self/mountinfo").expect("read /proc/thread-self/mountinfo");
     text.split(|&b| b == b'\n')
         .filter_map(|line| {
             let f: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
