@@ -131,6 +131,13 @@ impl Filesystem for FuseAdapter {
             // step on chmod and setfacl.
             | InitFlags::FUSE_POSIX_ACL
             | InitFlags::FUSE_DONT_MASK;
+        // File handles through the mount (open_by_handle_at, NFS): the inode table
+        // decodes them (its invariant 7), where the daemon can reopen by file handle.
+        let wanted = if self.fs.exports() {
+            wanted | InitFlags::FUSE_EXPORT_SUPPORT
+        } else {
+            wanted
+        };
         for flag in wanted.iter() {
             if config.add_capabilities(flag).is_err() {
                 debug!("kernel lacks capability {flag:?}");
@@ -157,13 +164,16 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
             // A negative entry (node id 0) the kernel may cache: names only appear through
             // this mount, which updates the kernel's dentries itself. Saves a round trip for
-            // every repeated miss (git, compilers and shells probe many absent paths).
+            // every repeated miss (git, compilers and shells probe many absent paths). Not
+            // for "." and "..", which only file-handle decoding asks for.
             Err(e)
                 if e.raw_os_error() == Some(libc::ENOENT)
-                    && !crate::fs::virt::is_virtual(parent.0) =>
+                    && !crate::fs::virt::is_virtual(parent.0)
+                    && name != "."
+                    && name != ".." =>
             {
                 reply.entry(
                     &crate::fs::TTL,
@@ -240,7 +250,7 @@ impl Filesystem for FuseAdapter {
             .fs
             .mknod(&caller(req), parent.0, name, mode, umask, rdev)
         {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
             Err(e) => reply.error(fail("mknod", e)),
         }
     }
@@ -255,7 +265,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         match self.fs.mkdir(&caller(req), parent.0, name, mode, umask) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
             Err(e) => reply.error(fail("mkdir", e)),
         }
     }
@@ -283,7 +293,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         match self.fs.symlink(&caller(req), parent.0, link_name, target) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
             Err(e) => reply.error(fail("symlink", e)),
         }
     }
@@ -320,7 +330,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         match self.fs.link(&caller(req), ino.0, newparent.0, newname) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
             Err(e) => reply.error(fail("link", e)),
         }
     }
@@ -471,7 +481,7 @@ impl Filesystem for FuseAdapter {
                         name,
                         &entry.ttl,
                         &entry.attr,
-                        Generation(0),
+                        Generation(entry.generation),
                     ),
                     None => {
                         // "." and "..": node id 0 tells the kernel not to make a dentry.
@@ -611,7 +621,7 @@ impl Filesystem for FuseAdapter {
                 Some(id) => reply.created_passthrough(
                     &e.ttl,
                     &e.attr,
-                    Generation(0),
+                    Generation(e.generation),
                     FileHandle(o.fh),
                     fopen_flags(&o),
                     id,
@@ -619,7 +629,7 @@ impl Filesystem for FuseAdapter {
                 None => reply.created(
                     &e.ttl,
                     &e.attr,
-                    Generation(0),
+                    Generation(e.generation),
                     FileHandle(o.fh),
                     fopen_flags(&o),
                 ),

@@ -591,6 +591,25 @@ pub struct FileId {
 
 impl FileId {
     const HEADER_WORDS: usize = 2;
+    /// `FILEID_INO32_GEN` (include/linux/exportfs.h): a 32-bit inode number, then the
+    /// inode's generation, as ext2/3/4 (and others using the generic helpers) encode them.
+    const INO32_GEN: u32 = 1;
+
+    /// `(inode number, generation)` if the handle has the `FILEID_INO32_GEN` layout.
+    pub fn ino32_gen(&self) -> Option<(u32, u32)> {
+        match *self.words {
+            [8, Self::INO32_GEN, ino, generation] => Some((ino, generation)),
+            _ => None,
+        }
+    }
+
+    /// A `FILEID_INO32_GEN` handle for inode `ino` of `generation`. ext2/3/4 take
+    /// generation 0 as "any": such a handle opens whatever inode has that number now.
+    pub fn ino32_gen_handle(ino: u32, generation: u32) -> FileId {
+        FileId {
+            words: Box::new([8, Self::INO32_GEN, ino, generation]),
+        }
+    }
 
     /// The handle of the object `fd` refers to (an O_PATH fd is fine).
     pub fn of(fd: BorrowedFd<'_>) -> io::Result<FileId> {

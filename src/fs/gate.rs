@@ -233,9 +233,17 @@ impl Gate {
 
     /// The path of `inode` relative to the mount root (empty for the root itself), or
     /// `None` when the object is no longer reachable (unlinked), so no tree path changes.
+    /// ESTALE for a linked object whose path is not beneath SRC (moved out behind the
+    /// mount's back, or a file decoded from a file handle the kernel has not connected to
+    /// a path yet): a change to it could not be tracked.
     pub fn rel_path_of(&self, inode: &Inode) -> io::Result<Option<Vec<u8>>> {
-        match sys::fd_path(inode.fd()?.as_raw_fd()) {
-            Ok(Some(abs)) => Ok(self.strip_src(&abs)),
+        let fd = inode.fd()?;
+        match sys::fd_path(fd.as_raw_fd()) {
+            Ok(Some(abs)) => match self.strip_src(&abs) {
+                Some(rel) => Ok(Some(rel)),
+                None if sys::fstat(fd.as_fd())?.st_nlink == 0 => Ok(None),
+                None => Err(sys::errno(libc::ESTALE)),
+            },
             Ok(None) => Ok(None),
             // The kernel spells an fd's path in one page; deeper paths are legal.
             Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
@@ -278,7 +286,7 @@ impl Gate {
             match sys::fd_path(parent_fd.as_raw_fd()) {
                 Ok(Some(abs)) => match self.strip_src(&abs) {
                     Some(rel) => break rel,
-                    None => return Ok(None),
+                    None => return Err(sys::errno(libc::ESTALE)),
                 },
                 Ok(None) => return Ok(None),
                 Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {

@@ -38,6 +38,19 @@
 //!    EMFILE/ENFILE gives back half the cache and is retried once.
 //! 6. An entry with an open handle keeps its fd (a handle pins it, see [`Inode::pin`]): the
 //!    object may be unlinked, and the gate still needs the fd to see that.
+//! 7. Export (file handles through MNT, as `open_by_handle_at` and NFS servers use them):
+//!    the kernel encodes a node id and the entry's generation, and decodes a handle whose
+//!    inode it has forgotten with LOOKUP "." on the node id; it reconnects a directory
+//!    with LOOKUP "..". Only with file handles (4). An entry's generation is its object's
+//!    own, read from its `FILEID_INO32_GEN` handle (else 0), so a handle of a deleted
+//!    object whose number was reused fails in the kernel. A node id not in the table is
+//!    reopened by number where SRC's filesystem takes a `FILEID_INO32_GEN` handle with
+//!    generation 0 as "any" (ext2/3/4; tried at start): that also decodes handles taken
+//!    before a remount (3 keeps the numbers). Elsewhere it is ESTALE. A decoded directory
+//!    must lead up to SRC's root by ".." (else ESTALE). A file cannot be checked (it has
+//!    no parent pointer), so a caller allowed to decode handles (CAP_DAC_READ_SEARCH, who
+//!    can open any file of SRC's filesystem by handle directly) may read one outside SRC;
+//!    the gate refuses to change an object whose path is not beneath SRC.
 //!
 //! Lock order: `Shared::inner` (the table) → an entry's `fd` slot → `FdCache::registry`;
 //! an entry's `origin` lock is a leaf. No lock is held across a reopen (IO): the slot is
@@ -103,6 +116,8 @@ struct Origin {
 
 pub struct Inode {
     pub ino: u64,
+    /// The object's generation on SRC's filesystem, or 0 (invariant 7).
+    pub generation: u32,
     pub key: ObjectKey,
     /// `st_mode & S_IFMT` at lookup; an object never changes type.
     pub file_type: u32,
@@ -282,6 +297,8 @@ struct Shared {
     mount_fd: Option<OwnedFd>,
     /// SRC's device: objects on it use their own inode number.
     root_dev: u64,
+    /// A node id not in the table can be reopened by its number (invariant 7).
+    decode_by_number: bool,
     next_remapped: AtomicU64,
 }
 
@@ -327,6 +344,34 @@ fn file_handle_mount_fd(root: &OwnedFd) -> Result<OwnedFd, io::Error> {
     Ok(mount_fd)
 }
 
+/// Whether SRC's filesystem reopens an object from a `FILEID_INO32_GEN` handle with
+/// generation 0 (invariant 7), tried on the root.
+fn opens_by_number(mount_fd: &OwnedFd, root_fd: &OwnedFd, root: &libc::stat) -> bool {
+    let Ok(id) = FileId::of(root_fd.as_fd()) else {
+        return false;
+    };
+    let Some((ino, _)) = id
+        .ino32_gen()
+        .filter(|(ino, _)| u64::from(*ino) == root.st_ino)
+    else {
+        return false;
+    };
+    FileId::ino32_gen_handle(ino, 0)
+        .open(mount_fd.as_fd(), libc::O_PATH)
+        .and_then(|fd| sys::fstat(fd.as_fd()))
+        .is_ok_and(|st| ObjectKey::of(&st) == ObjectKey::of(root))
+}
+
+/// The generation in `id` if it is `key`'s `FILEID_INO32_GEN` handle, else 0.
+fn generation_in(id: Option<&FileId>, key: ObjectKey) -> u32 {
+    id.and_then(FileId::ino32_gen)
+        .filter(|(ino, _)| u64::from(*ino) == key.ino)
+        .map_or(0, |(_, generation)| generation)
+}
+
+/// Deepest SRC a decoded directory is walked up from (invariant 7).
+const MAX_DECODE_DEPTH: usize = 4096;
+
 impl InodeTable {
     pub fn new(root_fd: OwnedFd) -> io::Result<InodeTable> {
         let st = sys::fstat(root_fd.as_fd())?;
@@ -358,6 +403,9 @@ impl InodeTable {
             }
         };
         let handles = mount_fd.is_some();
+        let decode_by_number = mount_fd
+            .as_ref()
+            .is_some_and(|m| opens_by_number(m, &root_fd, &st));
         info!(
             "inode fd cache: up to {budget} O_PATH fds (soft limit {limit}), reopened by {}",
             if handles {
@@ -370,6 +418,7 @@ impl InodeTable {
         let shared = Arc::new_cyclic(|weak_shared: &Weak<Shared>| {
             let root = Arc::new_cyclic(|me| Inode {
                 ino: ROOT_INO,
+                generation: 0,
                 key: ObjectKey::of(&st),
                 file_type: st.st_mode & libc::S_IFMT,
                 fd: Mutex::new(Some(root_fd.clone())),
@@ -402,6 +451,7 @@ impl InodeTable {
                 },
                 mount_fd,
                 root_dev: st.st_dev,
+                decode_by_number,
                 next_remapped: AtomicU64::new(1),
             }
         });
@@ -422,20 +472,23 @@ impl InodeTable {
         parent: &Arc<Inode>,
         name: &CStr,
     ) -> Option<Arc<Inode>> {
-        let inode = {
-            let inner = self.shared.read();
-            let ino = inner.by_key.get(&ObjectKey::of(st))?;
-            let inode = inner.by_ino.get(ino)?;
-            if inode.file_type != st.st_mode & libc::S_IFMT {
-                return None; // a reused number: lookup_or_insert makes the new entry
-            }
-            // Under the read lock, a count never goes from 0 to 1: forget removes an entry
-            // at zero under the write lock.
-            inode.lookups.fetch_add(1, Ordering::Relaxed);
-            inode.clone()
-        };
+        let inode = self.add_lookup(st)?;
         inode.set_origin(parent, name);
         Some(inode)
+    }
+
+    /// Adds one lookup to the object `st` describes, if it is known.
+    fn add_lookup(&self, st: &libc::stat) -> Option<Arc<Inode>> {
+        let inner = self.shared.read();
+        let ino = inner.by_key.get(&ObjectKey::of(st))?;
+        let inode = inner.by_ino.get(ino)?;
+        if inode.file_type != st.st_mode & libc::S_IFMT {
+            return None; // a reused number: lookup_or_insert makes the new entry
+        }
+        // Under the read lock, a count never goes from 0 to 1: forget removes an entry at
+        // zero under the write lock.
+        inode.lookups.fetch_add(1, Ordering::Relaxed);
+        Some(inode.clone())
     }
 
     /// The FUSE inode number of the object `key`, if known, without adding a lookup.
@@ -452,41 +505,13 @@ impl InodeTable {
         parent: &Arc<Inode>,
         name: &CStr,
     ) -> Arc<Inode> {
-        let key = ObjectKey::of(st);
-        let file_type = st.st_mode & libc::S_IFMT;
-        let (inode, known) = {
-            let mut inner = self.shared.write();
-            match inner.by_key.get(&key).and_then(|ino| inner.by_ino.get(ino)) {
-                Some(inode) if inode.file_type == file_type => {
-                    inode.lookups.fetch_add(1, Ordering::Relaxed);
-                    (inode.clone(), true)
-                }
-                _ => {
-                    let ino = self.number_for(&mut inner, key);
-                    let inode = Arc::new_cyclic(|me| Inode {
-                        ino,
-                        key,
-                        file_type,
-                        fd: Mutex::new(None),
-                        origin: Mutex::new(Origin {
-                            parent: Some(parent.clone()),
-                            name: name.to_owned(),
-                            handle: None,
-                        }),
-                        last_used: AtomicU64::new(0),
-                        pins: AtomicU32::new(0),
-                        keep: AtomicBool::new(false),
-                        me: me.clone(),
-                        shared: Arc::downgrade(&self.shared),
-                        lookups: AtomicU64::new(1),
-                        backing: Mutex::new(Weak::new()),
-                    });
-                    inner.by_key.insert(key, ino);
-                    inner.by_ino.insert(ino, inode.clone());
-                    (inode, false)
-                }
-            }
+        let handle = self.fresh_handle(&fd, st);
+        let origin = Origin {
+            parent: Some(parent.clone()),
+            name: name.to_owned(),
+            handle,
         };
+        let (inode, known) = self.insert(st, origin);
         if known {
             inode.set_origin(parent, name);
         }
@@ -496,6 +521,147 @@ impl InodeTable {
             lock(&inode.origin).handle = None;
         }
         inode
+    }
+
+    /// The file handle of a new entry's object, taken now (one syscall, no IO) for its
+    /// generation (invariant 7); `None` for known objects, or without file handles.
+    fn fresh_handle(&self, fd: &OwnedFd, st: &libc::stat) -> Option<FileId> {
+        let key = ObjectKey::of(st);
+        if !self.shared.cache.handles
+            || key.dev != self.shared.root_dev
+            || self
+                .shared
+                .current(key, st.st_mode & libc::S_IFMT)
+                .is_some()
+        {
+            return None;
+        }
+        FileId::of(fd.as_fd()).ok()
+    }
+
+    /// Adds one lookup to the entry of the object `st` describes, or inserts one with
+    /// `origin`. Returns the entry and whether it was known.
+    fn insert(&self, st: &libc::stat, origin: Origin) -> (Arc<Inode>, bool) {
+        let key = ObjectKey::of(st);
+        let file_type = st.st_mode & libc::S_IFMT;
+        let mut inner = self.shared.write();
+        if let Some(inode) = inner.by_key.get(&key).and_then(|ino| inner.by_ino.get(ino))
+            && inode.file_type == file_type
+        {
+            inode.lookups.fetch_add(1, Ordering::Relaxed);
+            return (inode.clone(), true);
+        }
+        let ino = self.number_for(&mut inner, key);
+        let generation = generation_in(origin.handle.as_ref(), key);
+        let inode = Arc::new_cyclic(|me| Inode {
+            ino,
+            generation,
+            key,
+            file_type,
+            fd: Mutex::new(None),
+            origin: Mutex::new(origin),
+            last_used: AtomicU64::new(0),
+            pins: AtomicU32::new(0),
+            keep: AtomicBool::new(false),
+            me: me.clone(),
+            shared: Arc::downgrade(&self.shared),
+            lookups: AtomicU64::new(1),
+            backing: Mutex::new(Weak::new()),
+        });
+        inner.by_key.insert(key, ino);
+        inner.by_ino.insert(ino, inode.clone());
+        (inode, false)
+    }
+
+    /// Whether the kernel may decode file handles of this mount (invariant 7).
+    pub fn exports(&self) -> bool {
+        self.shared.cache.handles
+    }
+
+    /// LOOKUP "." on node id `ino`: how the kernel decodes a file handle whose inode it
+    /// has forgotten (invariant 7). On success the kernel holds one more lookup on the
+    /// returned entry, which has number `ino`.
+    pub fn lookup_self(&self, ino: u64) -> io::Result<(Arc<Inode>, libc::stat)> {
+        if let Some(inode) = self.get(ino) {
+            let st = sys::fstat(inode.fd()?.as_fd())?;
+            if let Some(found) = self.add_lookup(&st) {
+                if found.ino == ino {
+                    return Ok((found, st));
+                }
+                self.forget(found.ino, 1);
+            }
+        }
+        let shared = &self.shared;
+        let reserved = REMAPPED_BIT | super::virt::VIRTUAL_BIT;
+        let Some(mount_fd) = shared.mount_fd.as_ref().filter(|_| shared.decode_by_number) else {
+            return Err(errno(libc::ESTALE));
+        };
+        let number = u32::try_from(ino)
+            .ok()
+            .filter(|_| ino != ROOT_INO && ino & reserved == 0)
+            .ok_or_else(|| errno(libc::ESTALE))?;
+        let fd = shared
+            .retry_on_emfile(|| {
+                FileId::ino32_gen_handle(number, 0).open(mount_fd.as_fd(), libc::O_PATH)
+            })
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ESTALE) | Some(libc::EINVAL) => errno(libc::ESTALE),
+                _ => e,
+            })?;
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_dev != shared.root_dev || st.st_ino != ino {
+            return Err(errno(libc::ESTALE));
+        }
+        let inode = self.adopt_decoded(fd, &st)?;
+        if inode.ino != ino {
+            // Known under another number (invariant 2): not the object this handle names.
+            self.forget(inode.ino, 1);
+            return Err(errno(libc::ESTALE));
+        }
+        Ok((inode, st))
+    }
+
+    /// LOOKUP ".." in directory `ino`: how the kernel reconnects a decoded directory
+    /// (invariant 7). The root's parent is the root (the mount ends there).
+    pub fn lookup_parent(&self, ino: u64) -> io::Result<(Arc<Inode>, libc::stat)> {
+        let dir = self.get(ino).ok_or_else(|| errno(libc::ESTALE))?;
+        if !dir.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let dir_fd = dir.fd()?;
+        let fd = if ino == ROOT_INO {
+            dir_fd
+        } else {
+            Arc::new(self.shared.retry_on_emfile(|| {
+                sys::openat(dir_fd.as_fd(), c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)
+            })?)
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        if let Some(inode) = self.add_lookup(&st) {
+            return Ok((inode, st));
+        }
+        let fd = Arc::try_unwrap(fd).map_err(|_| errno(libc::ESTALE))?;
+        Ok((self.adopt_decoded(fd, &st)?, st))
+    }
+
+    /// Adds one lookup to the object a handle decoded to (`fd`, stat `st`), inserting it
+    /// with no origin but its file handle. A directory must lie beneath SRC's root.
+    fn adopt_decoded(&self, fd: OwnedFd, st: &libc::stat) -> io::Result<Arc<Inode>> {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            self.shared.check_beneath_root(&fd)?;
+        }
+        if let Some(inode) = self.add_lookup(st) {
+            return Ok(inode);
+        }
+        let handle = FileId::of(fd.as_fd()).map_err(|_| errno(libc::ESTALE))?;
+        let origin = Origin {
+            parent: None,
+            name: CString::default(),
+            handle: Some(handle),
+        };
+        let (inode, _) = self.insert(st, origin);
+        self.shared.install_if_empty(&inode, fd);
+        Ok(inode)
     }
 
     /// The FUSE inode number for a new entry of object `key` (see the module docs).
@@ -622,6 +788,30 @@ impl Shared {
         let inner = self.read();
         let inode = inner.by_ino.get(inner.by_key.get(&key)?)?;
         (inode.file_type == file_type).then(|| inode.clone())
+    }
+
+    /// Ok if the directory `fd` leads up to SRC's root by "..", ESTALE if it reaches the
+    /// top of its filesystem (or of the daemon's view) first (invariant 7).
+    fn check_beneath_root(&self, fd: &OwnedFd) -> io::Result<()> {
+        let root_key = self.read().by_ino.get(&ROOT_INO).map(|r| r.key);
+        let mut key = ObjectKey::of(&sys::fstat(fd.as_fd())?);
+        let mut up = None::<OwnedFd>;
+        for _ in 0..MAX_DECODE_DEPTH {
+            if Some(key) == root_key {
+                return Ok(());
+            }
+            let here = up.as_ref().unwrap_or(fd);
+            let parent = self.retry_on_emfile(|| {
+                sys::openat(here.as_fd(), c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)
+            })?;
+            let parent_key = ObjectKey::of(&sys::fstat(parent.as_fd())?);
+            if parent_key == key {
+                break; // "/": its own parent
+            }
+            key = parent_key;
+            up = Some(parent);
+        }
+        Err(errno(libc::ESTALE))
     }
 
     /// Opens `inode`'s object again from its origin (invariant 4). No lock is held.

@@ -49,6 +49,8 @@ pub struct FsConfig {
 pub struct Entry {
     pub attr: FileAttr,
     pub ttl: Duration,
+    /// The object's generation (see the inode table's invariant 7); 0 if unknown.
+    pub generation: u64,
 }
 
 /// An opened file: `backing` is set when kernel passthrough serves its IO.
@@ -239,6 +241,11 @@ impl PassthroughFs {
 
     // ---- lookup / forget / attributes -------------------------------------------------
 
+    /// Whether the kernel may decode file handles of this mount (FUSE_EXPORT_SUPPORT).
+    pub fn exports(&self) -> bool {
+        self.inodes.exports()
+    }
+
     /// LOOKUP of `name` in `parent`, never following a symlink. Contract: on success the
     /// kernel holds one more lookup reference on the returned inode (released by
     /// [`PassthroughFs::forget`]); the inode table keeps the object's O_PATH fd (or the way
@@ -250,6 +257,19 @@ impl PassthroughFs {
         }
         if parent == ROOT_INO && name.as_bytes() == CONTROL_DIR_NAME {
             return self.virt.control_dir_entry();
+        }
+        match name.as_bytes() {
+            // Only the kernel's export operations send these (invariant 7 of the inode
+            // table): a path walk resolves "." and ".." itself.
+            b"." => {
+                let (inode, st) = self.inodes.lookup_self(parent)?;
+                return Ok(self.entry(&inode, &st));
+            }
+            b".." => {
+                let (inode, st) = self.inodes.lookup_parent(parent)?;
+                return Ok(self.entry(&inode, &st));
+            }
+            _ => {}
         }
         let parent = self.inode(parent)?;
         self.lookup_in(&parent, name)
@@ -294,6 +314,7 @@ impl PassthroughFs {
         Entry {
             attr: attr_from_stat(inode.ino, st),
             ttl: TTL,
+            generation: u64::from(inode.generation),
         }
     }
 

@@ -167,6 +167,7 @@ impl VirtualTree {
         Ok(Entry {
             attr: self.fixed(CONTROL_DIR).ok_or_else(|| errno(libc::EIO))?,
             ttl: CONTROL_TTL,
+            generation: 0,
         })
     }
 
@@ -242,6 +243,7 @@ impl VirtualTree {
                     .map(|attr| Entry {
                         attr,
                         ttl: CONTROL_TTL,
+                        generation: 0,
                     })
                     .ok_or_else(|| errno(libc::EIO))
             }
@@ -263,6 +265,7 @@ impl VirtualTree {
                 )
                 .map(|entry| Entry {
                     ttl: CONTROL_TTL,
+                    generation: 0,
                     ..entry
                 })
             }
@@ -287,6 +290,7 @@ impl VirtualTree {
         Ok(Entry {
             attr: self.view_attr(ino, &entry),
             ttl: VIEW_TTL,
+            generation: 0,
         })
     }
 
