@@ -26,6 +26,9 @@ Each round also runs ../shared/bench/agent-workloads.sh (what an agent does in a
 repository: clone, checkouts across ~60 tags, cargo check, npm ci, venv, cold grep, gc, rm
 of the dependency trees) natively and through the mount with AW_CTL set (a checkpoint after
 every step); its steps appear as aw_<step>, their sum (checkpoints included) as aw_total.
+At the end, scripts/bench-checkpoints.sh (checkpoint costs) and scripts/bench-open-writer.sh
+(checkpoints while a 200 MiB file, 64 with --quick, is rewritten without pause: unrelated
+appends never stall 0.5 s, no torn view) run with their own bars.
 
 Options:
   --quick        smoke run: 128 MiB seq, 64 MiB/3 s random, 2,000 small files,
@@ -349,5 +352,11 @@ if ! CHECKPOINTFS_BIN=${REAL_BIN:-$BIN} "$ROOT/scripts/bench-checkpoints.sh" $([
     FAILS=$((FAILS + 1))
 fi
 grep -q ': FAIL' "$OUT/checkpoints.txt" 2>/dev/null && FAILS=$((FAILS + 1))
+echo
+echo "bench: checkpoints while a big file is rewritten (scripts/bench-open-writer.sh)"
+if ! CHECKPOINTFS_BIN=${REAL_BIN:-$BIN} "$ROOT/scripts/bench-open-writer.sh" $([[ $QUICK == 1 ]] && echo 64) | tee "$OUT/open-writer.txt"; then
+    echo "bench: bench-open-writer.sh failed its bars" >&2
+    FAILS=$((FAILS + 1))
+fi
 if [[ $STRICT == 1 && $FAILS -gt 0 ]]; then exit 1; fi
 exit 0

@@ -21,10 +21,15 @@ const SIZE: usize = 4 << 20;
 /// each with one `pwrite` of 4 MiB whose every 4 KiB block carries the round number. It
 /// prints `ready` once every file holds round 0, and stops when its stdin closes.
 fn start_writer(m: &TestMount, files: &[&str]) -> Child {
+    start_writer_of(m, files, SIZE)
+}
+
+/// [`start_writer`] with files of `size` bytes.
+fn start_writer_of(m: &TestMount, files: &[&str], size: usize) -> Child {
     let script = format!(
         r#"
 import os, sys, threading
-SIZE, BLOCK = {SIZE}, {BLOCK}
+SIZE, BLOCK = {size}, {BLOCK}
 fds = [os.open(p, os.O_WRONLY | os.O_CREAT, 0o644) for p in {files:?}]
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
@@ -70,7 +75,11 @@ fn stop_writer(mut child: Child) -> u64 {
 
 /// The round numbers in a copy of a writer's file, one per 4 KiB block.
 fn rounds(data: &[u8]) -> Vec<u64> {
-    assert_eq!(data.len(), SIZE, "a view of the file has the wrong size");
+    assert!(
+        !data.is_empty() && data.len().is_multiple_of(BLOCK),
+        "a view of the file has the wrong size: {}",
+        data.len()
+    );
     data.chunks(BLOCK)
         .map(|b| {
             std::str::from_utf8(&b[..12])
@@ -155,4 +164,50 @@ fn two_files_written_in_order_are_seen_in_order() {
     let mut report = std::io::stderr();
     let _ = writeln!(report, "{} of {} views out of order", bad.len(), ids.len());
     assert!(bad.is_empty(), "views that never existed: {bad:?}");
+}
+
+/// A file too big to copy again under the epoch lock (more than 16 MiB) gets a copy right
+/// after it instead (history/open_files.rs): still one moment of the file, never torn, and
+/// never older than what was written before the checkpoint, also when checkpoints come
+/// faster than the copies (they share one).
+#[test]
+fn a_big_file_rewritten_whole_is_copied_after_the_lock_and_never_torn() {
+    const BIG: usize = 24 << 20;
+    let m = TestMount::new();
+    let writer = start_writer_of(&m, &["big"], BIG);
+    let src = m.src.join("big");
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        // Round r is being written, so every round before it is complete: the checkpoint
+        // must show at least r - 1.
+        let mut head = [0u8; 12];
+        std::io::Read::read_exact(&mut fs::File::open(&src).unwrap(), &mut head).unwrap();
+        let begun: u64 = std::str::from_utf8(&head).unwrap().trim().parse().unwrap();
+        let id = format!("b{i}");
+        checkpoint(&m, &id);
+        ids.push((id, begun.saturating_sub(1)));
+        std::thread::sleep(Duration::from_millis(20 * (i % 3) as u64));
+    }
+    let written = stop_writer(writer);
+    let mut bad = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (id, at_least) in &ids {
+        let data = fs::read(at(&m, id).join("big")).unwrap();
+        match whole_round(&data) {
+            Some(r) if r >= *at_least => {
+                seen.insert(r);
+            }
+            other => bad.push(format!("{id}: {other:?} (at least {at_least})")),
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "views that never existed or are too old: {bad:?}"
+    );
+    assert!(seen.len() > 2, "{written} rounds, views saw {seen:?}");
+    // A rewind to one of them restores that content whole.
+    let (id, _) = &ids[ids.len() / 2];
+    let expected = fs::read(at(&m, id).join("big")).unwrap();
+    common::rewind(&m, id, &[]);
+    assert_eq!(fs::read(m.mnt.join("big")).unwrap(), expected);
 }

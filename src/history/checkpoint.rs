@@ -26,13 +26,29 @@ impl History {
     ) -> io::Result<()> {
         let t0 = std::time::Instant::now();
         let open: HashSet<&str> = open_for_write.iter().filter_map(|p| rel_key(p)).collect();
-        let (k, dirty) = {
+        let (k, dirty, unfilled) = {
             let st = self.lock();
             if st.checkpoint_ids.contains_key(id) {
                 return Err(errno(libc::EEXIST));
             }
-            let dirty: Vec<String> = st.dirty_paths.iter().cloned().collect();
-            (st.checkpoints.len(), dirty)
+            // A file open for writing whose version at an earlier checkpoint is still
+            // waiting for its copy (`State::open_fills`), not yet begun, gets no new version:
+            // this checkpoint shares that one, whose copy will be of a moment at or after
+            // both. A copy already under way is of a moment before this checkpoint: the path
+            // gets a new pending version (once), and that copy fills the one it began for.
+            let unbegun = |p: &String| {
+                let Some(h) = st.paths.get(p) else {
+                    return false;
+                };
+                let pending = |back: usize| {
+                    h.versions.len() >= back
+                        && h.versions[h.versions.len() - back].state == VersionState::Pending
+                };
+                st.open_fills.contains(p) && pending(1) && (!st.busy.contains(p) || pending(2))
+            };
+            let (unfilled, dirty): (Vec<String>, Vec<String>) =
+                st.dirty_paths.iter().cloned().partition(unbegun);
+            (st.checkpoints.len(), dirty, unfilled)
         };
         let now = SystemTime::now();
         // New versions, computed without `state` (copies of open files take time, and views
@@ -78,6 +94,10 @@ impl History {
                 backup_of(n, &h.versions[n as usize - 1], None, false),
             );
             if pending {
+                if still_open {
+                    // Too big to copy under the lock: filled by a copy of one moment.
+                    st.open_fills.insert(path.clone());
+                }
                 to_fill.push((path.clone(), n));
             }
             if still_open {
@@ -96,6 +116,11 @@ impl History {
         rec.journal.append(&record, false)?;
         rec.transcript.append(record);
         let copied_open_files = !continuing.is_empty();
+        for path in unfilled {
+            if let Some(h) = st.paths.get(&path) {
+                continuing.push((path, h.versions.len() as u32));
+            }
+        }
         for (path, n) in continuing {
             st.mark_dirty(&path);
             let v = st.paths[&path].versions[n as usize - 1].clone();

@@ -102,6 +102,13 @@ pub(crate) struct State {
     /// gc is running: no fill (copier, view) may start, since it could record an object the
     /// sweep deletes. Fills wait on `busy_cond` meanwhile.
     pub fills_paused: bool,
+    /// Files open for writing whose checkpoint version was left pending because copying
+    /// them would have held every mutation too long (see history/open_files.rs): their fill
+    /// is a copy of one moment, not a plain read-loop copy. Invariant: only a path's latest
+    /// version is pending, except the one a copy under way (`busy`) is filling, which that
+    /// copy fills; so a checkpoint gives a path listed here no new version while its latest
+    /// is pending and no copy has begun for it.
+    pub open_fills: HashSet<String>,
     /// path → (epoch, the processes/sessions recorded as changing it in that epoch): a
     /// further changer of a path already changed in this message is recorded once too, so
     /// `log` names everyone and a session-scoped rewind sees conflicts. An entry of an older

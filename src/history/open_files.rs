@@ -28,11 +28,23 @@
 //! their direct reads take the files' locks at nearly one moment: a program writing them in
 //! turn is held at one file while the others are read. Then all their keys are checked
 //! again; if any changed, every file is copied again (at least [`CONSISTENT_ROUNDS`] rounds,
-//! more within [`CONSISTENT_BUDGET`]) until none changed during a round. A single file read
-//! in one direct read needs no second round: there is nothing for it to agree with. A writer that never
-//! pauses gets the last round, each file whole and all read together, and a warning (logged
-//! once). Copies stay in memory until their round is kept, so discarded rounds store
-//! nothing.
+//! more within [`CONSISTENT_BUDGET`]) until none changed during a round. A single file
+//! read in one direct read needs no second round: there is nothing for it to agree with. A
+//! writer that never pauses gets the last round, each file whole and all read together, and
+//! a warning (logged once). Copies stay in memory until their round is kept, so discarded
+//! rounds store nothing.
+//!
+//! Copies under the lock are bounded: every mutation waits for them. Files written since
+//! their pre-copy are copied again there, smallest first, up to [`MAX_LOCKED_RECOPY`] bytes
+//! in all (a file bigger than that alone gets no pre-copy); a bigger one's version is left
+//! pending ([`State::open_fills`]) and filled right after the lock by the copier with a
+//! copy of one moment (one direct read, fact 1). That copy is the file's own content at
+//! one moment at or just after the checkpoint: it holds every write made before the
+//! checkpoint, maybe a few made after, and it is not ordered with the other files open for
+//! writing. A Layer 1 backup or a view of the path meanwhile makes the same copy first (it
+//! fills the pending version); a checkpoint taken before the copy is made shares it.
+//!
+//! [`State::open_fills`]: super::model::State::open_fills
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -58,6 +70,11 @@ pub const CONSISTENT_BUDGET: std::time::Duration = std::time::Duration::from_mil
 
 /// An upper bound on rounds whatever the time (tiny files under a writer that never pauses).
 const MAX_ROUNDS: usize = 64;
+
+/// The most a checkpoint copies again under the epoch lock (files written since their
+/// pre-copy); bigger ones are filled after it (see the module docs). A direct read of this
+/// much, its dirty pages written back first, takes tens of milliseconds here.
+pub const MAX_LOCKED_RECOPY: u64 = 16 << 20;
 
 /// Files open for writing copied at the same time (one thread each).
 const MAX_PARALLEL_COPIES: usize = 16;
@@ -288,6 +305,14 @@ impl History {
             if self.is_excluded(rel, Some(false)) {
                 continue;
             }
+            // A file too big to copy again under the lock is copied after it in any case
+            // (see the module docs): a copy now would only delay the marker.
+            if self
+                .change_key(rel)
+                .is_ok_and(|k| k.is_some_and(|k| k.size.max(0) as u64 > MAX_LOCKED_RECOPY))
+            {
+                continue;
+            }
             // Stored now, outside the epoch lock.
             match self
                 .copy_open(rel)
@@ -319,6 +344,7 @@ impl History {
             };
             copies.push((rel.clone(), kept));
         }
+        let left_pending = self.leave_big_copies_pending(&mut copies)?;
         let started = std::time::Instant::now();
         for round in 1..=MAX_ROUNDS {
             self.copy_missing(&mut copies)?;
@@ -355,14 +381,56 @@ impl History {
                 *copy = None;
             }
         }
-        copies
+        let mut states: Vec<(String, VersionState)> = copies
             .into_iter()
             .map(|(rel, copy)| match copy {
                 Some(c) => Ok((rel, c.into_state(self)?)),
                 // Not a regular file (anymore): recorded like any other path.
                 None => Ok((rel.clone(), self.capture(&rel)?.0)),
             })
-            .collect()
+            .collect::<io::Result<_>>()?;
+        states.extend(
+            left_pending
+                .into_iter()
+                .map(|rel| (rel, VersionState::Pending)),
+        );
+        Ok(states)
+    }
+
+    /// Takes out of `copies` the files still to copy that would make the copies under the
+    /// lock exceed [`MAX_LOCKED_RECOPY`] (the biggest first) and returns their paths: their
+    /// versions are left pending (see the module docs).
+    fn leave_big_copies_pending(
+        &self,
+        copies: &mut Vec<(String, Option<OpenCopy>)>,
+    ) -> io::Result<Vec<String>> {
+        let mut to_copy: Vec<(u64, usize)> = Vec::new();
+        for (i, (rel, copy)) in copies.iter().enumerate() {
+            if copy.is_none() {
+                let size = self.change_key(rel)?.map_or(0, |k| k.size.max(0) as u64);
+                to_copy.push((size, i));
+            }
+        }
+        to_copy.sort_unstable();
+        let mut total = 0u64;
+        let mut over: Vec<usize> = Vec::new();
+        for (size, i) in to_copy {
+            total = total.saturating_add(size);
+            if total > MAX_LOCKED_RECOPY {
+                over.push(i);
+            }
+        }
+        over.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(over.into_iter().map(|i| copies.remove(i).0).collect())
+    }
+
+    /// The state of `rel`, a file open for writing whose checkpoint version was left
+    /// pending (see the module docs): a copy of one moment, stored.
+    pub(crate) fn capture_open(&self, rel: &str) -> io::Result<(VersionState, bool)> {
+        match self.copy_open(rel)? {
+            Some(copy) => Ok((copy.into_state(self)?, true)),
+            None => self.capture(rel),
+        }
     }
 
     /// Makes the copies that are `None`, all at once: each in its own thread, made ready

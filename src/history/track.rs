@@ -279,11 +279,24 @@ impl History {
                 }
                 Need::Capture => {
                     st.busy.insert(rel.to_string());
+                    let open_fill = st.open_fills.contains(rel);
+                    // The version this copy is of. A checkpoint may add a newer (pending)
+                    // version meanwhile (a fill holds no epoch lock): the copy still fills
+                    // this one, which the checkpoint did not share because it was busy.
+                    let target = st
+                        .paths
+                        .get(rel)
+                        .filter(|h| h.latest_is_pending())
+                        .map(|h| h.versions.len());
                     drop(st);
                     if let (Some(c), None) = (caller, &actor) {
                         actor = Some(self.actor(c));
                     }
-                    let captured = self.capture(rel);
+                    let captured = if open_fill {
+                        self.capture_open(rel)
+                    } else {
+                        self.capture(rel)
+                    };
                     st = self.lock();
                     st.busy.remove(rel);
                     self.busy_cond.notify_all();
@@ -295,11 +308,18 @@ impl History {
                     if new_path {
                         h.first_epoch = epoch;
                     }
-                    let version = if h.latest_is_pending() {
-                        let last = h.versions.len() - 1;
-                        h.versions[last].state = state;
-                        h.versions[last].time = time;
-                        h.versions.len()
+                    let pending_at = |h: &super::PathHistory, n: usize| {
+                        n >= 1
+                            && h.versions
+                                .get(n - 1)
+                                .is_some_and(|v| v.state == VersionState::Pending)
+                    };
+                    let filled =
+                        target.or_else(|| h.latest_is_pending().then_some(h.versions.len()));
+                    let version = if let Some(n) = filled.filter(|&n| pending_at(h, n)) {
+                        h.versions[n - 1].state = state;
+                        h.versions[n - 1].time = time;
+                        n
                     } else {
                         h.versions.push(Version {
                             since: None,
@@ -309,6 +329,9 @@ impl History {
                         h.versions.len()
                     };
                     let v = h.versions[version - 1].clone();
+                    if !h.latest_is_pending() {
+                        st.open_fills.remove(rel);
+                    }
                     if !fill {
                         st.mark_dirty(rel);
                     }

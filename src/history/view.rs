@@ -67,6 +67,24 @@ impl History {
                             .map_or(ViewContent::None, ViewContent::Object),
                     }));
                 }
+                // An older version is pending only while the copy that fills it is under
+                // way (see `State::open_fills`): wait for it.
+                VersionState::Pending if n < h.versions.len() && st.busy.contains(rel) => {
+                    drop(self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner()));
+                }
+                // Otherwise no fill could ever reach it.
+                VersionState::Pending if n < h.versions.len() => {
+                    static LOGGED: std::sync::atomic::AtomicBool =
+                        std::sync::atomic::AtomicBool::new(false);
+                    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        log::error!(
+                            "{rel}: version {n} of {} is pending, which only the latest may be \
+                             (a bug: its view answers EIO; logged once)",
+                            h.versions.len()
+                        );
+                    }
+                    return Err(errno(libc::EIO));
+                }
                 // Unchanged since that checkpoint: copy it now so the view can never see a
                 // later change, then look again.
                 VersionState::Pending => {
