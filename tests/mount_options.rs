@@ -210,6 +210,36 @@ fn noatime_leaves_atime_alone_where_the_default_updates_it() {
     assert!(m.daemon_log().contains("private clone of its mount"));
 }
 
+/// With an option SRC's own mount lacks (noatime here), SRC is served from a private clone
+/// of its mount, where the kernel spells paths from the clone's root: every change must
+/// still be tracked under its path in the tree (it once counted as "not in the tree" and
+/// went unrecorded), and an object the clone cannot name stays refused.
+#[test]
+fn changes_are_tracked_when_src_is_served_from_a_clone_of_its_mount() {
+    let m = TestMount::with_args(&["-o", "noatime,nodiratime"]);
+    assert!(m.daemon_log().contains("private clone of its mount"));
+    fs::create_dir(m.mnt.join("d")).unwrap();
+    fs::write(m.mnt.join("d/f"), "one\n").unwrap();
+    fs::write(m.mnt.join("top"), "top\n").unwrap();
+    checkpoint(&m, "c1");
+    fs::write(m.mnt.join("d/f"), "two\n").unwrap();
+    fs::remove_file(m.mnt.join("top")).unwrap();
+    fs::rename(m.mnt.join("d"), m.mnt.join("e")).unwrap();
+    checkpoint(&m, "c2");
+    let c1 = at(&m, "c1");
+    assert_eq!(fs::read_to_string(c1.join("d/f")).unwrap(), "one\n");
+    assert_eq!(fs::read_to_string(c1.join("top")).unwrap(), "top\n");
+    assert!(!c1.join("e").exists());
+    assert_eq!(
+        fs::read_to_string(at(&m, "c2").join("e/f")).unwrap(),
+        "two\n"
+    );
+    rewind(&m, "c1", &[]);
+    assert_eq!(fs::read_to_string(m.mnt.join("d/f")).unwrap(), "one\n");
+    assert_eq!(fs::read_to_string(m.mnt.join("top")).unwrap(), "top\n");
+    assert!(!m.mnt.join("e").exists());
+}
+
 /// Waits until the clock is past `t` by a margin, so that a new atime can differ.
 fn let_the_clock_pass(t: (i64, i64)) {
     let until =

@@ -239,7 +239,7 @@ impl Gate {
     pub fn rel_path_of(&self, inode: &Inode) -> io::Result<Option<Vec<u8>>> {
         let fd = inode.fd()?;
         match sys::fd_path(fd.as_raw_fd()) {
-            Ok(Some(abs)) => match self.strip_src(&abs) {
+            Ok(Some(abs)) => match self.strip_src(inode, &abs) {
                 Some(rel) => Ok(Some(rel)),
                 None if sys::fstat(fd.as_fd())?.st_nlink == 0 => Ok(None),
                 None => Err(sys::errno(libc::ESTALE)),
@@ -284,7 +284,7 @@ impl Gate {
             }
             names.push(name);
             match sys::fd_path(parent_fd.as_raw_fd()) {
-                Ok(Some(abs)) => match self.strip_src(&abs) {
+                Ok(Some(abs)) => match self.strip_src(&parent, &abs) {
                     Some(rel) => break rel,
                     None => return Err(sys::errno(libc::ESTALE)),
                 },
@@ -316,14 +316,19 @@ impl Gate {
         Ok(Some(rel))
     }
 
-    fn strip_src(&self, abs: &[u8]) -> Option<Vec<u8>> {
+    /// `abs`, the kernel's spelling of `inode`'s path, relative to SRC's root; `None` if it
+    /// is not beneath it. The root's own spelling (empty after the prefix, or "/") counts
+    /// only for the root: the kernel also spells a dentry it cannot connect to the mount
+    /// (a file decoded from a handle, or one outside SRC's mount clone) as "/".
+    fn strip_src(&self, inode: &Inode, abs: &[u8]) -> Option<Vec<u8>> {
         let rest = abs.strip_prefix(self.src_prefix.as_slice())?;
-        match rest {
-            [] => Some(Vec::new()),
-            [b'/', tail @ ..] => Some(tail.to_vec()),
-            // Only happens for SRC = "/", whose prefix is empty after trimming.
-            _ => None,
-        }
+        let rel = match rest {
+            [] => Vec::new(),
+            [b'/', tail @ ..] => tail.to_vec(),
+            // A sibling whose name starts with SRC's ("/src2" for "/src").
+            _ => return None,
+        };
+        (!rel.is_empty() || inode.ino == crate::fs::ROOT_INO).then_some(rel)
     }
 }
 

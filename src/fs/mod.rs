@@ -134,7 +134,13 @@ impl PassthroughFs {
     /// The core over SRC's root fd `root` (O_PATH), recording into `history`. Kernel
     /// passthrough is on only if `cfg.passthrough` and the daemon has CAP_SYS_ADMIN.
     pub fn new(root: OwnedFd, history: Arc<History>, cfg: FsConfig) -> io::Result<PassthroughFs> {
-        let src_prefix = history.source().as_os_str().as_bytes().to_vec();
+        // The kernel's spelling of the root's path, which the gate strips from every
+        // object's: SRC's path, or "/" when SRC is opened from a private clone of its mount
+        // (mount attributes such as noatime, see mount_options.rs).
+        let src_prefix = match sys::fd_path(root.as_raw_fd()) {
+            Ok(Some(path)) => path,
+            _ => history.source().as_os_str().as_bytes().to_vec(),
+        };
         let src_prefix = if src_prefix == b"/" {
             Vec::new()
         } else {
