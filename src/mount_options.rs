@@ -11,7 +11,10 @@
 //!   mount (`open_tree(OPEN_TREE_CLONE)`) whose atime attributes it changes
 //!   (`mount_setattr`); nobody else sees that clone. Both need CAP_SYS_ADMIN, so a normal
 //!   user's mount refuses the atime options that would need it, as it refuses `dev`/`suid`
-//!   (fusermount3 never allows those).
+//!   (fusermount3 never allows those). Without kernel passthrough the kernel's page cache
+//!   answers repeated reads without asking the daemon, so SRC sees no access; a
+//!   `strictatime` mount therefore drops that cache at every open (a read in a new open
+//!   updates atime, as xfstests generic/003 checks); the other modes keep it.
 //!
 //! The default keeps what checkpointfs always did: `rw,nodev,nosuid,exec`, and atime as
 //! SRC's own mount has it (`atime`).

@@ -679,7 +679,11 @@ impl PassthroughFs {
         };
         let passthrough = backing.is_some();
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
-        let keep_cache = backing.is_none();
+        // The kernel's page cache across opens, when the daemon serves the reads: a read it
+        // answers never reaches SRC, so under `strictatime` (every read updates atime) each
+        // open starts uncached instead.
+        let keep_cache =
+            backing.is_none() && self.mount_options.atime != crate::mount_options::Atime::Strict;
         let fh = self.handles.insert(Handle::File(FileHandle::new(
             fd,
             inode,
