@@ -36,7 +36,7 @@ Runs, stopping at the first failure with a clear message:
                                                  mmap times, file handles; a minute)
 
 Options:
-  --quick     skip the POSIX suites (steps 6 to 8)
+  --quick     skip the POSIX suites (steps 6 to 9)
   -h, --help  this text
 
 Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's

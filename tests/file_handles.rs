@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::{TestMount, at, checkpoint};
+use common::{TestMount, at, checkpoint, drop_caches};
 
 const EXT4_SUPER_MAGIC: i64 = 0xEF53;
 /// FILEID_INO64_GEN: how FUSE encodes a handle (node id high, node id low, generation).
@@ -78,12 +78,6 @@ impl Handle {
         // SAFETY: a fresh fd we own.
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
-}
-
-/// Makes the kernel forget every inode it can (FORGETs reach the daemon).
-fn drop_caches() {
-    unsafe { libc::sync() };
-    fs::write("/proc/sys/vm/drop_caches", "3\n").expect("echo 3 > /proc/sys/vm/drop_caches");
 }
 
 fn read_all(mut f: File) -> Vec<u8> {

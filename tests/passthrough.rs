@@ -25,7 +25,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{TestMount, process_alive, run, stderr, stdout, tree_listing, wait_until};
+use common::{
+    TestMount, drop_caches, process_alive, run, stderr, stdout, tree_listing, wait_until,
+};
 use sha2::{Digest, Sha256};
 
 /// Two `#[test]`s per body: `NAME::passthrough` and `NAME::no_passthrough`.
@@ -149,11 +151,6 @@ fn sha_file(p: &Path) -> String {
 
 fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn drop_caches() {
-    unsafe { libc::sync() };
-    fs::write("/proc/sys/vm/drop_caches", "3\n").expect("echo 3 > /proc/sys/vm/drop_caches");
 }
 
 /// Maps the first `len` bytes of `f` shared and writable, stores `byte` at offset 0 through

@@ -491,6 +491,20 @@ impl InodeTable {
         Some(inode.clone())
     }
 
+    /// Adds one lookup to `inode` if it is still the table's entry for its number.
+    fn add_lookup_to(&self, inode: &Arc<Inode>) -> bool {
+        let inner = self.shared.read();
+        let current = inner
+            .by_ino
+            .get(&inode.ino)
+            .is_some_and(|i| Arc::ptr_eq(i, inode));
+        if current {
+            // Under the read lock, a count never goes from 0 to 1 (see `add_lookup`).
+            inode.lookups.fetch_add(1, Ordering::Relaxed);
+        }
+        current
+    }
+
     /// The FUSE inode number of the object `key`, if known, without adding a lookup.
     pub fn known_ino(&self, key: ObjectKey) -> Option<u64> {
         self.shared.read().by_key.get(&key).copied()
@@ -584,11 +598,8 @@ impl InodeTable {
     pub fn lookup_self(&self, ino: u64) -> io::Result<(Arc<Inode>, libc::stat)> {
         if let Some(inode) = self.get(ino) {
             let st = sys::fstat(inode.fd()?.as_fd())?;
-            if let Some(found) = self.add_lookup(&st) {
-                if found.ino == ino {
-                    return Ok((found, st));
-                }
-                self.forget(found.ino, 1);
+            if self.add_lookup_to(&inode) {
+                return Ok((inode, st));
             }
         }
         let shared = &self.shared;
@@ -629,18 +640,18 @@ impl InodeTable {
             return Err(errno(libc::ENOTDIR));
         }
         let dir_fd = dir.fd()?;
-        let fd = if ino == ROOT_INO {
-            dir_fd
-        } else {
-            Arc::new(self.shared.retry_on_emfile(|| {
-                sys::openat(dir_fd.as_fd(), c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)
-            })?)
-        };
+        if ino == ROOT_INO {
+            let st = sys::fstat(dir_fd.as_fd())?;
+            self.add_lookup_to(&dir);
+            return Ok((dir, st));
+        }
+        let fd = self.shared.retry_on_emfile(|| {
+            sys::openat(dir_fd.as_fd(), c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)
+        })?;
         let st = sys::fstat(fd.as_fd())?;
         if let Some(inode) = self.add_lookup(&st) {
             return Ok((inode, st));
         }
-        let fd = Arc::try_unwrap(fd).map_err(|_| errno(libc::ESTALE))?;
         Ok((self.adopt_decoded(fd, &st)?, st))
     }
 

@@ -175,7 +175,8 @@ pub type PreCopies = HashMap<String, OpenCopy>;
 static PLAIN_COPY_LOGGED: AtomicBool = AtomicBool::new(false);
 static INCONSISTENT_LOGGED: AtomicBool = AtomicBool::new(false);
 
-fn log_once(flag: &AtomicBool, msg: impl FnOnce() -> String) {
+/// Logs `msg()` as a warning the first time only (`flag` remembers).
+pub(super) fn log_once(flag: &AtomicBool, msg: impl FnOnce() -> String) {
     if !flag.swap(true, Ordering::Relaxed) {
         warn!("{} (logged once)", msg());
     }
@@ -305,17 +306,11 @@ impl History {
             if self.is_excluded(rel, Some(false)) {
                 continue;
             }
-            // A file too big to copy again under the lock is copied after it in any case
-            // (see the module docs): a copy now would only delay the marker.
-            if self
-                .change_key(rel)
-                .is_ok_and(|k| k.is_some_and(|k| k.size.max(0) as u64 > MAX_LOCKED_RECOPY))
-            {
-                continue;
-            }
-            // Stored now, outside the epoch lock.
+            // Stored now, outside the epoch lock. A file too big to copy again under the lock
+            // is copied after it in any case (see the module docs): a copy now would only
+            // delay the marker.
             match self
-                .copy_open(rel)
+                .copy_open(rel, MAX_LOCKED_RECOPY)
                 .and_then(|c| c.map(|c| c.store(self)).transpose())
             {
                 Ok(Some(copy)) => {
@@ -427,7 +422,7 @@ impl History {
     /// The state of `rel`, a file open for writing whose checkpoint version was left
     /// pending (see the module docs): a copy of one moment, stored.
     pub(crate) fn capture_open(&self, rel: &str) -> io::Result<(VersionState, bool)> {
-        match self.copy_open(rel)? {
+        match self.copy_open(rel, u64::MAX)? {
             Some(copy) => Ok((copy.into_state(self)?, true)),
             None => self.capture(rel),
         }
@@ -443,7 +438,7 @@ impl History {
             copies.iter_mut().filter(|(_, c)| c.is_none()).collect();
         if missing.len() <= 1 {
             for (rel, copy) in missing {
-                *copy = self.copy_open(rel)?;
+                *copy = self.copy_open(rel, u64::MAX)?;
             }
             return Ok(());
         }
@@ -457,7 +452,7 @@ impl History {
                         let rel = entry.0.clone();
                         let start_together = &start_together;
                         scope.spawn(move || {
-                            let prepared = self.prepare_copy(&rel);
+                            let prepared = self.prepare_copy(&rel, u64::MAX);
                             // Every thread reaches the barrier, whatever its preparation gave.
                             start_together.wait();
                             match prepared {
@@ -502,17 +497,18 @@ impl History {
     }
 
     /// A copy of the regular file `rel` as of one moment, with the change key from before
-    /// it; `None` if `rel` is absent or not a regular file.
-    fn copy_open(&self, rel: &str) -> io::Result<Option<OpenCopy>> {
-        match self.prepare_copy(rel)? {
+    /// it; `None` if `rel` is absent, not a regular file, or larger than `max_size`.
+    fn copy_open(&self, rel: &str, max_size: u64) -> io::Result<Option<OpenCopy>> {
+        match self.prepare_copy(rel, max_size)? {
             Some(p) => self.finish_copy(rel, p).map(Some),
             None => Ok(None),
         }
     }
 
     /// Everything a copy of `rel` needs before its read: its change key and metadata, and a
-    /// direct read made ready. `None` if `rel` is absent or not a regular file.
-    fn prepare_copy(&self, rel: &str) -> io::Result<Option<PreparedCopy>> {
+    /// direct read made ready. `None` if `rel` is absent, not a regular file, or larger
+    /// than `max_size`.
+    fn prepare_copy(&self, rel: &str, max_size: u64) -> io::Result<Option<PreparedCopy>> {
         let Some(fd) = self.open_existing(rel)? else {
             return Ok(None);
         };
@@ -520,7 +516,7 @@ impl History {
         let Some(meta) = meta_of(&st) else {
             return Ok(None);
         };
-        if meta.kind != EntryKind::File {
+        if meta.kind != EntryKind::File || meta.size > max_size {
             return Ok(None);
         }
         Ok(Some(PreparedCopy {

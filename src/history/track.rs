@@ -308,15 +308,12 @@ impl History {
                     if new_path {
                         h.first_epoch = epoch;
                     }
-                    let pending_at = |h: &super::PathHistory, n: usize| {
-                        n >= 1
-                            && h.versions
-                                .get(n - 1)
-                                .is_some_and(|v| v.state == VersionState::Pending)
-                    };
-                    let filled =
-                        target.or_else(|| h.latest_is_pending().then_some(h.versions.len()));
-                    let version = if let Some(n) = filled.filter(|&n| pending_at(h, n)) {
+                    let still_pending = target.filter(|&n| {
+                        h.versions
+                            .get(n - 1)
+                            .is_some_and(|v| v.state == VersionState::Pending)
+                    });
+                    let version = if let Some(n) = still_pending {
                         h.versions[n - 1].state = state;
                         h.versions[n - 1].time = time;
                         n

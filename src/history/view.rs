@@ -76,13 +76,13 @@ impl History {
                 VersionState::Pending if n < h.versions.len() => {
                     static LOGGED: std::sync::atomic::AtomicBool =
                         std::sync::atomic::AtomicBool::new(false);
-                    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        log::error!(
+                    super::open_files::log_once(&LOGGED, || {
+                        format!(
                             "{rel}: version {n} of {} is pending, which only the latest may be \
-                             (a bug: its view answers EIO; logged once)",
+                             (a bug: its view answers EIO)",
                             h.versions.len()
-                        );
-                    }
+                        )
+                    });
                     return Err(errno(libc::EIO));
                 }
                 // Unchanged since that checkpoint: copy it now so the view can never see a

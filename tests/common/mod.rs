@@ -512,6 +512,13 @@ pub fn mounts_under(dir: &Path) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
+/// Makes the kernel forget every inode it can (FORGETs reach the daemons): sync, then
+/// `echo 3 > /proc/sys/vm/drop_caches`.
+pub fn drop_caches() {
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3\n").expect("echo 3 > /proc/sys/vm/drop_caches");
+}
+
 pub fn is_mount_point(path: &Path) -> bool {
     mounts().iter().any(|(p, _)| p == path)
 }
