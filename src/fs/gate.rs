@@ -31,6 +31,7 @@ use log::debug;
 
 use super::handles::FileHandle;
 use super::inodes::{Inode, ObjectKey};
+use crate::history::store::LinkedObject;
 use crate::history::{Caller, History, MutationAdmitted};
 use crate::sys::{self, errno};
 
@@ -80,6 +81,9 @@ pub struct EntryPermit<'g> {
     dir: Arc<OwnedFd>,
     name: &'g CStr,
     is_dir: bool,
+    /// The backup of a file being unlinked, when it was linked into the store: it learns
+    /// from [`EntryPermit::remove`] whether the unlink happened.
+    leaving: Option<LinkedObject<'g>>,
 }
 
 /// Permission for one rename(2). Made by [`Gate::rename_permit`].
@@ -90,6 +94,9 @@ pub struct RenamePermit<'g> {
     new_dir: Arc<OwnedFd>,
     new_name: &'g CStr,
     flags: u32,
+    /// The backup of the file the rename replaces, when it was linked into the store: it
+    /// learns from [`RenamePermit::rename`] whether the rename happened.
+    replaced: Option<LinkedObject<'g>>,
 }
 
 /// Permission to write through one gated handle. Made by [`Gate::write_permit`].
@@ -171,6 +178,37 @@ impl Gate {
             dir: parent.fd()?,
             name,
             is_dir,
+            leaving: None,
+        })
+    }
+
+    /// The permit to unlink `name` (not a directory) in `parent`: as
+    /// [`Gate::entry_permit`], except that the file may be backed up by linking it into the
+    /// store (Layer 1's [`History::before_removal`]); [`EntryPermit::remove`] then settles
+    /// that backup.
+    pub fn removal_permit<'g>(
+        &'g self,
+        caller: &Caller,
+        parent: &'g Inode,
+        name: &'g CStr,
+    ) -> io::Result<EntryPermit<'g>> {
+        let mut admission = self.admit();
+        let mut leaving = None;
+        if let Some(rel) = self.rel_child(parent, name)? {
+            debug!(
+                "gate: {} removes {:?}",
+                caller,
+                String::from_utf8_lossy(&rel)
+            );
+            leaving = self.history.before_removal(caller, &rel, Some(false))?;
+            self.note_rules_dependency(&mut admission.rules_touched, rel, false);
+        }
+        Ok(EntryPermit {
+            admission,
+            dir: parent.fd()?,
+            name,
+            is_dir: false,
+            leaving,
         })
     }
 
@@ -185,8 +223,10 @@ impl Gate {
     ) -> io::Result<RenamePermit<'g>> {
         let mut admission = self.admit();
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let replaces = flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) == 0;
         let from = self.rel_child(parent, name)?;
         let to = self.rel_child(new_parent, new_name)?;
+        let mut replaced = None;
         if let (Some(from), Some(to)) = (from, to) {
             debug!(
                 "gate: {} renames {:?} -> {:?}{}",
@@ -195,7 +235,9 @@ impl Gate {
                 String::from_utf8_lossy(&to),
                 if exchange { " (exchange)" } else { "" }
             );
-            self.history.before_rename(caller, &from, &to, exchange)?;
+            replaced = self
+                .history
+                .before_rename(caller, &from, &to, exchange, replaces)?;
             self.note_rules_dependency(&mut admission.rules_touched, from, true);
             self.note_rules_dependency(&mut admission.rules_touched, to, true);
         }
@@ -206,6 +248,7 @@ impl Gate {
             new_dir: new_parent.fd()?,
             new_name,
             flags,
+            replaced,
         })
     }
 
@@ -334,6 +377,14 @@ impl Gate {
 
 /// `via` if it is a handle on `inode` (a setattr names the handle it came through), else
 /// `EBADF`: a permit acts on its own target only.
+/// Tells a backup linked into the store whether the file really left SRC.
+fn settle(backup: LinkedObject<'_>, result: &io::Result<()>) {
+    match result {
+        Ok(()) => backup.removed(),
+        Err(_) => backup.kept(),
+    }
+}
+
 fn handle_on<'h>(inode: &Inode, via: Option<&'h FileHandle>) -> io::Result<Option<&'h FileHandle>> {
     match via {
         Some(h) if h.inode.ino != inode.ino => Err(errno(libc::EBADF)),
@@ -475,9 +526,13 @@ impl EntryPermit<'_> {
     }
 
     /// unlink, or rmdir for a permit issued for a directory.
-    pub fn remove(&self) -> io::Result<()> {
+    pub fn remove(mut self) -> io::Result<()> {
         let flags = if self.is_dir { libc::AT_REMOVEDIR } else { 0 };
-        syscalls::unlinkat(self.dir(), self.name, flags)
+        let result = syscalls::unlinkat(self.dir(), self.name, flags);
+        if let Some(backup) = self.leaving.take() {
+            settle(backup, &result);
+        }
+        result
     }
 }
 
@@ -488,14 +543,18 @@ impl RenamePermit<'_> {
     }
 
     /// The rename the permit was issued for, with its flags.
-    pub fn rename(&self) -> io::Result<()> {
-        syscalls::renameat2(
+    pub fn rename(mut self) -> io::Result<()> {
+        let result = syscalls::renameat2(
             self.dir.as_fd(),
             self.name,
             self.new_dir.as_fd(),
             self.new_name,
             self.flags,
-        )
+        );
+        if let Some(backup) = self.replaced.take() {
+            settle(backup, &result);
+        }
+        result
     }
 }
 

@@ -551,7 +551,11 @@ impl PassthroughFs {
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
             let is_dir = flags & libc::AT_REMOVEDIR != 0;
-            let permit = self.gate.entry_permit(caller, &parent, c, is_dir)?;
+            let permit = if is_dir {
+                self.gate.entry_permit(caller, &parent, c, true)?
+            } else {
+                self.gate.removal_permit(caller, &parent, c)?
+            };
             if self.inodes.tracks_names()
                 && let Ok(st) = sys::fstatat(permit.dir(), c, libc::AT_SYMLINK_NOFOLLOW)
             {

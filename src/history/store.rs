@@ -41,6 +41,11 @@
 //!    hash as zeros), but only its data extents are stored: copies walk the source with
 //!    `SEEK_DATA`/`SEEK_HOLE` and write data at its offset, so the store holds allocated data
 //!    only. [`copy_sparse`] restores an object the same way.
+//! 6. **A linked object is invariant 1 by other means.** A file leaving SRC (unlinked or
+//!    replaced by a rename) may become an object by a hard link instead of a copy
+//!    ([`Store::put_by_link`]); its name is still the hash of exactly its content, which a
+//!    read lease keeps fixed until the inode is the store's alone (see [`linked`]'s own
+//!    invariants), else it is replaced by a copy.
 //!
 //! Removal ([`Store::remove`]) is not coordinated with puts: a caller that garbage-collects
 //! objects must make sure nothing still refers to them (a put that reports `reused` relies on
@@ -60,7 +65,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
+mod linked;
 mod pack;
+
+pub use linked::{LinkPut, LinkedObject};
 
 /// Size of the single copy/hash buffer used by one `put_file` call.
 const BUF_SIZE: usize = 1 << 20;
@@ -140,6 +148,8 @@ pub enum CopyMethod {
     Packed,
     /// An object with this content was already stored; nothing new was kept.
     Existing,
+    /// The file's own inode was linked into the store as it left SRC ([`linked`]).
+    Linked,
 }
 
 /// Whether `name` is a well-formed object name: exactly 64 lowercase hex digits.
@@ -620,6 +630,24 @@ impl Store {
             reused,
             method: if reused { CopyMethod::Existing } else { method },
         })
+    }
+
+    /// Renames a complete, read-only temp over the object `cname` (which holds the same
+    /// content, verified by the caller), with invariant 2's syncs.
+    fn commit_replacing(&self, mut temp: TempFile<'_>, cname: &CStr) -> io::Result<()> {
+        if self.policy == SyncPolicy::EachPut {
+            crate::durability::sync_file(&temp.file, false)?;
+        }
+        rename_at(&self.dir_fd, &temp.name, cname)?;
+        temp.linked = false;
+        match self.policy {
+            SyncPolicy::EachPut => self.sync(),
+            SyncPolicy::Batched => {
+                self.lock_unsynced().push(cname.to_owned());
+                Ok(())
+            }
+            SyncPolicy::Caller => Ok(()),
+        }
     }
 
     /// Removes `.tmp-*` files left by a writer that is gone (crash, kill). A temp whose flock

@@ -12,6 +12,7 @@ use std::time::SystemTime;
 use log::{debug, info, warn};
 
 use super::model::backup_of;
+use super::store::{LinkPut, LinkedObject};
 use super::{Caller, History, State, Version, VersionState, rel_key};
 use crate::durability::{self, Durability};
 use crate::sys::{self, errno};
@@ -65,6 +66,17 @@ pub(super) enum LayerSync {
     Filesystem,
 }
 
+/// Why Layer 1 is asked to capture a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capture {
+    /// The path is about to change (the gate).
+    Change,
+    /// The path is about to leave SRC: unlinked or replaced by a rename (the gate).
+    Leaving,
+    /// The background copier fills a pending version (no change).
+    Fill,
+}
+
 /// What Layer 1 must do for a path before it changes.
 enum Need {
     Nothing,
@@ -98,18 +110,47 @@ impl History {
         self.track(rel, Some(caller), false)
     }
 
+    /// Layer 1 for a name about to leave SRC: `rel` is unlinked, or replaced by a rename
+    /// (`is_dir`: what is there, if known). As [`History::before_change`], except that a
+    /// regular file nobody else can change is backed up by linking its inode into the store
+    /// instead of copying it (store invariant 6). Then the caller must say how the removal
+    /// went, with [`LinkedObject::removed`] or [`LinkedObject::kept`] (dropping it counts as
+    /// kept); until then writers of that file wait.
+    pub fn before_removal(
+        &self,
+        caller: &Caller,
+        rel: &[u8],
+        is_dir: Option<bool>,
+    ) -> io::Result<Option<LinkedObject<'_>>> {
+        let Some(rel) = rel_key(rel) else {
+            warn!(
+                "not tracking a path that is not UTF-8: {:?}",
+                String::from_utf8_lossy(rel)
+            );
+            return Ok(None);
+        };
+        if self.is_excluded(rel, is_dir) {
+            return Ok(None);
+        }
+        self.track_as(rel, Some(caller), Capture::Leaving)
+    }
+
     /// Layer 1 for a rename: both names, and for a directory every path below it at its old
     /// and its new place (a directory rename moves its whole subtree).
+    /// `replaces`: the rename may replace what is at `to` (neither RENAME_EXCHANGE nor
+    /// RENAME_NOREPLACE); that is then backed up as [`History::before_removal`] does, and the
+    /// caller must give the verdict on the returned object the same way.
     pub fn before_rename(
         &self,
         caller: &Caller,
         from: &[u8],
         to: &[u8],
         exchange: bool,
-    ) -> io::Result<()> {
+        replaces: bool,
+    ) -> io::Result<Option<LinkedObject<'_>>> {
         let (Some(from), Some(to)) = (rel_key(from), rel_key(to)) else {
             warn!("not tracking a rename involving a non-UTF-8 path");
-            return Ok(());
+            return Ok(None);
         };
         // After the rename `to` holds what `from` is now (exchanged: each the other's), so
         // an exclusion rule for directories must see `from`'s type at both names.
@@ -121,12 +162,17 @@ impl History {
         let from_is_dir = kind_of(from);
         let to_is_dir = if exchange { kind_of(to) } else { from_is_dir };
         self.before_change(caller, from.as_bytes(), from_is_dir)?;
-        self.before_change(caller, to.as_bytes(), to_is_dir)?;
+        let linked = if replaces {
+            self.before_removal(caller, to.as_bytes(), to_is_dir)?
+        } else {
+            self.before_change(caller, to.as_bytes(), to_is_dir)?;
+            None
+        };
         self.track_subtree_move(caller, from, to)?;
         if exchange {
             self.track_subtree_move(caller, to, from)?;
         }
-        Ok(())
+        Ok(linked)
     }
 
     fn track_subtree_move(&self, caller: &Caller, from: &str, to: &str) -> io::Result<()> {
@@ -184,8 +230,21 @@ impl History {
     /// The common path of Layer 1 (caller = Some) and the background copier (fill): records
     /// what is needed, then makes it as durable as the mode asks, with the state unlocked.
     pub(super) fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
+        let how = if fill { Capture::Fill } else { Capture::Change };
+        self.track_as(rel, caller, how).map(drop)
+    }
+
+    /// [`History::track`], and for [`Capture::Leaving`] the object that still shares the
+    /// file's inode, if it was linked.
+    fn track_as(
+        &self,
+        rel: &str,
+        caller: Option<&Caller>,
+        how: Capture,
+    ) -> io::Result<Option<LinkedObject<'_>>> {
+        let fill = how == Capture::Fill;
         let syncs_before = durability::syncs_on_this_thread();
-        let (sync, wrote) = self.track_locked(rel, caller, fill)?;
+        let (sync, wrote, linked) = self.track_locked(rel, caller, how)?;
         let recorded = sync != LayerSync::Nothing;
         match sync {
             LayerSync::Nothing | LayerSync::None => {}
@@ -202,17 +261,20 @@ impl History {
             s.syncs.fetch_add(syncs, Ordering::Relaxed);
             s.max_syncs.fetch_max(syncs, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(linked)
     }
 
     /// [`History::track`] under the state lock: returns what the record written (if any)
-    /// still needs to be durable, and whether new content went into the store.
+    /// still needs to be durable, whether new content went into the store, and a linked
+    /// object (see [`History::before_removal`]).
+    #[allow(clippy::type_complexity)]
     fn track_locked(
         &self,
         rel: &str,
         caller: Option<&Caller>,
-        fill: bool,
-    ) -> io::Result<(LayerSync, bool)> {
+        how: Capture,
+    ) -> io::Result<(LayerSync, bool, Option<LinkedObject<'_>>)> {
+        let fill = how == Capture::Fill;
         // Who the caller is, found (it reads /proc) only when a record needs it and only
         // with the state unlocked.
         let mut actor: Option<Actor> = None;
@@ -235,7 +297,7 @@ impl History {
                     // Already changed in this message; a process or session not yet recorded
                     // for it gets a record of its own (the content is stored already).
                     let Some(c) = caller.filter(|_| !fill) else {
-                        return Ok((LayerSync::Nothing, false));
+                        return Ok((LayerSync::Nothing, false, None));
                     };
                     let known = actor
                         .clone()
@@ -247,7 +309,7 @@ impl History {
                         continue;
                     };
                     if !st.note_actor(rel, actor_key(&a)) {
-                        return Ok((LayerSync::Nothing, false));
+                        return Ok((LayerSync::Nothing, false, None));
                     }
                     let h = st.paths.get(rel).ok_or_else(|| errno(libc::EIO))?;
                     let n = h.versions.len() as u32;
@@ -255,7 +317,7 @@ impl History {
                     debug!("layer 1: {rel} also changed by pid {}", a.pid);
                     return self
                         .emit_layer1(&mut st, rel, n, &v, Some(a), false, false)
-                        .map(|s| (s, false));
+                        .map(|s| (s, false, None));
                 }
                 Need::MarkDirty => {
                     if let (Some(c), None) = (caller, &actor) {
@@ -275,7 +337,7 @@ impl History {
                     debug!("layer 1: {rel} changes again (v{n} already stored)");
                     return self
                         .emit_layer1(&mut st, rel, n, &v, actor, false, false)
-                        .map(|s| (s, false));
+                        .map(|s| (s, false, None));
                 }
                 Need::Capture => {
                     st.busy.insert(rel.to_string());
@@ -292,11 +354,19 @@ impl History {
                     if let (Some(c), None) = (caller, &actor) {
                         actor = Some(self.actor(c));
                     }
+                    let mut linked = None;
                     let captured = if open_fill {
                         self.capture_open(rel)
+                    } else if how == Capture::Leaving {
+                        self.capture_leaving(rel).map(|(state, wrote, l)| {
+                            linked = l;
+                            (state, wrote)
+                        })
                     } else {
                         self.capture(rel)
                     };
+                    // A linked object's file can no longer change (its lease): the path need
+                    // not stay busy while the caller removes it.
                     st = self.lock();
                     st.busy.remove(rel);
                     self.busy_cond.notify_all();
@@ -342,7 +412,7 @@ impl History {
                     debug!("layer 1: backed up {rel} as v{version}");
                     return self
                         .emit_layer1(&mut st, rel, version as u32, &v, actor, fill, fresh_content)
-                        .map(|s| (s, fresh_content));
+                        .map(|s| (s, fresh_content, linked));
                 }
             }
         }
@@ -492,6 +562,35 @@ impl History {
             return Ok(None);
         };
         Ok(meta_of(&sys::fstat(fd.as_fd())?))
+    }
+
+    /// [`History::capture`] of a path about to leave SRC: a regular file is linked into the
+    /// store when it can be (store invariant 6), and the linked object comes back with it.
+    #[allow(clippy::type_complexity)]
+    fn capture_leaving(
+        &self,
+        rel: &str,
+    ) -> io::Result<(VersionState, bool, Option<LinkedObject<'_>>)> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok((VersionState::Absent, false, None));
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        let Some(mut meta) = meta_of(&st).filter(|m| m.kind == EntryKind::File) else {
+            drop(fd);
+            return self.capture(rel).map(|(state, wrote)| (state, wrote, None));
+        };
+        let file = File::from(sys::reopen_for_reading(fd.as_raw_fd(), 0)?);
+        let (object, linked) = match self.store.put_by_link(file)? {
+            LinkPut::Copy(file) => (self.store.put_file(&file)?, None),
+            LinkPut::Stored(object) => (object, None),
+            LinkPut::Linked(linked) => (linked.object().clone(), Some(linked)),
+        };
+        meta.size = object.size;
+        let state = VersionState::Present {
+            meta,
+            object: Some(object.name),
+        };
+        Ok((state, true, linked))
     }
 
     /// The current state of `rel` in SRC, content copied into the store. The bool says
