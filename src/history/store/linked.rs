@@ -320,7 +320,8 @@ mod tests {
             .expect("write tail");
         let mut whole = data;
         whole.resize(3 << 20, 0);
-        whole.extend_from_slice(&whole[..4096].to_vec());
+        let head = whole[..4096].to_vec();
+        whole.extend_from_slice(&head);
         whole
     }
 
