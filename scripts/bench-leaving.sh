@@ -17,6 +17,7 @@ syncs, then times `rm -r` of that directory three ways in the same run:
 For each it prints the rm time (and per file), the ratio to native, how many backups are
 the removed files' own inodes (linked), the bytes the store
 daemon wrote meanwhile (wchar: the store's copies and the records) and the time of the `sync` that follows (the copies' writeback).
+Bar: all FILES linked, and the daemon writes under 1 % of their bytes; exit 1 otherwise.
 Needs root (FUSE mount). The machine is noisy: compare ratios within one run.
 USAGE
 }
@@ -83,3 +84,12 @@ for mode in native linked copied; do
         "$(echo "${RM[$mode]} / ${RM[native]}" | bc -l)" "${STORE[$mode]}" "${SYNC[$mode]}" \
         "${LINKED[$mode]}/$FILES"
 done
+# Bar (issue 10): every lone file is linked, and its backup costs no data write (the daemon
+# writes under 1 % of the files' bytes: records only).
+if [[ ${LINKED[linked]} == "$FILES" && ${STORE[linked]} -lt $((FILES * (MIB << 20) / 100)) ]]; then
+    echo "bar: linked backups ${LINKED[linked]}/$FILES, ${STORE[linked]} bytes written: PASS"
+else
+    echo "bar: linked backups ${LINKED[linked]}/$FILES, ${STORE[linked]} bytes written: FAIL"
+    exit 1
+fi
+

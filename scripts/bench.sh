@@ -28,7 +28,8 @@ of the dependency trees) natively and through the mount with AW_CTL set (a check
 every step); its steps appear as aw_<step>, their sum (checkpoints included) as aw_total.
 At the end, scripts/bench-checkpoints.sh (checkpoint costs) and scripts/bench-open-writer.sh
 (checkpoints while a 200 MiB file, 64 with --quick, is rewritten without pause: unrelated
-appends never stall 0.5 s, no torn view) run with their own bars.
+appends never stall 0.5 s, no torn view) and scripts/bench-leaving.sh (rm of big untracked
+files: their backups are linked, not copied) run with their own bars.
 
 Options:
   --quick        smoke run: 128 MiB seq, 64 MiB/3 s random, 2,000 small files,
@@ -356,6 +357,12 @@ echo
 echo "bench: checkpoints while a big file is rewritten (scripts/bench-open-writer.sh)"
 if ! CHECKPOINTFS_BIN=${REAL_BIN:-$BIN} "$ROOT/scripts/bench-open-writer.sh" $([[ $QUICK == 1 ]] && echo 64) | tee "$OUT/open-writer.txt"; then
     echo "bench: bench-open-writer.sh failed its bars" >&2
+    FAILS=$((FAILS + 1))
+fi
+echo
+echo "bench: removing big untracked files (scripts/bench-leaving.sh)"
+if ! CHECKPOINTFS_BIN=${REAL_BIN:-$BIN} "$ROOT/scripts/bench-leaving.sh" $([[ $QUICK == 1 ]] && echo 8 8) | tee "$OUT/leaving.txt"; then
+    echo "bench: bench-leaving.sh failed its bar" >&2
     FAILS=$((FAILS + 1))
 fi
 if [[ $STRICT == 1 && $FAILS -gt 0 ]]; then exit 1; fi
