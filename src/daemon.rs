@@ -152,7 +152,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     };
     options.acl = acl;
     let adapter = FuseAdapter::new(fs.clone());
-    let notifier_slot = adapter.notifier_slot();
+    let notifier_slot = fs.notifier_slot();
     // As root, mount ourselves so the type reads `fuse.checkpointfs`; a normal user cannot
     // mount(2) and may not even open /dev/fuse, so the setuid fusermount3 mounts for it.
     // SAFETY: geteuid has no preconditions.

@@ -7,16 +7,16 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use log::{debug, info, warn};
 
@@ -28,41 +28,16 @@ const MAX_WRITE: u32 = 4 * 1024 * 1024;
 
 pub struct FuseAdapter {
     fs: Arc<PassthroughFs>,
-    /// Set once the session exists (see [`FuseAdapter::notifier_slot`]).
-    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl FuseAdapter {
     pub fn new(fs: Arc<PassthroughFs>) -> FuseAdapter {
-        FuseAdapter {
-            fs,
-            notifier: Arc::new(OnceLock::new()),
-        }
+        FuseAdapter { fs }
     }
 
-    /// Where the daemon puts the session's notifier: the session is built from the adapter,
-    /// so it cannot be passed in. Until it is set, no notification is sent.
-    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
-        self.notifier.clone()
-    }
-
-    /// Drops the kernel's cached attributes of `ino` (not its pages: offset -1).
+    /// Drops the kernel's cached attributes of `ino` (not its pages).
     fn invalidate_attrs(&self, ino: INodeNo) {
-        let Some(notifier) = self.notifier.get() else {
-            return;
-        };
-        if let Err(e) = notifier.inval_inode(ino, -1, 0) {
-            // ENOENT: the kernel no longer has the inode; nothing is cached then.
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                static LOGGED: AtomicBool = AtomicBool::new(false);
-                if !LOGGED.swap(true, Ordering::Relaxed) {
-                    warn!(
-                        "invalidating cached attributes failed ({e}): stat may show an old \
-                         mtime after writes through a shared mapping (logged once)"
-                    );
-                }
-            }
-        }
+        self.fs.kernel_forget_inode(ino.0, false);
     }
 }
 
@@ -248,7 +223,7 @@ impl Filesystem for FuseAdapter {
     ) {
         match self
             .fs
-            .mknod(&caller(req), parent.0, name, mode, umask, rdev)
+            .mknod(&caller(req), parent.0, name, mode, umask, u64::from(rdev))
         {
             Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
             Err(e) => reply.error(fail("mknod", e)),

@@ -45,10 +45,6 @@ pub mod mountinfo;
 )]
 pub mod registry;
 pub mod report;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "acts on MNT, this daemon's own mount: the kernel sends each change back here as a FUSE request, which passes the gate"
-)]
 pub mod rewind;
 #[allow(
     clippy::disallowed_methods,

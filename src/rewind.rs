@@ -1,21 +1,26 @@
 //! Rewind: make the tree (or some paths of it) equal to a checkpoint.
 //!
-//! The daemon does the work *through its own mount*, from a control thread, like any other
-//! client: so every change passes the gate (the rewind is itself recorded and can be
-//! undone), and the kernel's caches stay coherent without invalidation tricks. Paths are
-//! resolved beneath the mount root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` and
-//! the last component is never followed, so a rewind cannot be led out of the tree by a
-//! symlink planted in it.
-use std::ffi::CString;
+//! The daemon does the work itself, from a control thread, through the passthrough core's
+//! own operations ([`Changer`]): every change passes the gate's permits and Layer 1 (the
+//! rewind is itself recorded and can be undone), none waits on the daemon's own mount, and
+//! the kernel is told what changed. Paths are resolved by lookups from the root inode, which
+//! never follow a symlink, so a rewind cannot be led out of the tree by a symlink planted in
+//! it.
+use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, UNIX_EPOCH};
 
+use fuser::{FileType, TimeOrNow};
 use log::info;
 
-use crate::fs::PassthroughFs;
-use crate::history::ViewEntry;
+use crate::fs::inodes::ROOT_INO;
+use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
+use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
 use crate::history::{History, agent_state};
 use crate::sys::{self, errno};
 use crate::transcript::record::EntryKind;
@@ -434,11 +439,11 @@ pub fn rewind(
         return Ok(out);
     }
     // Verified before anything changes, the `:before-rewind` checkpoint included.
-    let root = open_mount_root(fs)?;
+    open_mount_root(fs)?;
     let saved = history.unused_rewind_id(id);
     fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
-    apply(history, &root, &steps, progress)?;
+    apply(fs, &steps, progress)?;
     history.flush()?;
     info!("rewound to {id}: {} changes", steps.len());
     out.push_str(&format!(
@@ -458,6 +463,10 @@ pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 /// never a state file; it is only a hint, since a user who owns a parent of it can move the
 /// mount away and put a directory or symlink in its place: then this refuses, before the
 /// rewind has changed anything.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "an O_PATH open of MNT, to check it: it can neither write nor create"
+)]
 fn open_mount_root(fs: &PassthroughFs) -> io::Result<OwnedFd> {
     let mnt = fs.mount_info().0;
     let refuse = |why: String| {
@@ -541,45 +550,12 @@ pub fn verify_mount_root(
     Ok(())
 }
 
-fn open_in(root: &OwnedFd, rel: &str, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    sys::open_beneath(root.as_fd(), rel, flags, mode)
-}
-
-/// Splits `rel` into its parent and a C-string name; a name with a NUL byte is a clear error,
-/// never an empty name (whose ENOENT would read as success).
-fn parent_and_name(rel: &str) -> io::Result<(&str, CString)> {
-    let (parent, name) = crate::history::split_parent(rel);
-    let c = CString::new(name).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("cannot rewind {rel:?}: its name contains a NUL byte"),
-        )
-    })?;
-    Ok((parent, c))
-}
-
-fn cvt_fd(rc: i32) -> io::Result<i32> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-fn cvt(rc: i32) -> io::Result<()> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 fn apply(
-    history: &History,
-    root: &OwnedFd,
+    fs: &PassthroughFs,
     steps: &[Step],
     progress: &mut dyn FnMut(usize, usize),
 ) -> io::Result<()> {
+    let changer = Changer::new(fs);
     let total = steps.len();
     let mut done = 0;
     let mut step_done = || {
@@ -594,7 +570,7 @@ fn apply(
     removals.sort_by(|a, b| b.path().cmp(a.path()));
     for s in removals {
         if let Step::Remove { path, kind } = s {
-            remove(root, path, *kind)?;
+            changer.remove(path, *kind)?;
         }
         step_done();
     }
@@ -608,24 +584,18 @@ fn apply(
     for s in writes {
         match s {
             Step::Create { path, target } | Step::Rewrite { path, target } => {
-                write_entry(
-                    history,
-                    root,
-                    path,
-                    target,
-                    matches!(s, Step::Create { .. }),
-                )?;
+                changer.write_entry(path, target, matches!(s, Step::Create { .. }))?;
                 if target.meta.kind == EntryKind::Dir {
                     dirs_meta.push((path, target));
                 } else {
-                    set_meta(root, path, target)?;
+                    changer.set_meta(path, target)?;
                 }
             }
             Step::Metadata { path, target } => {
                 if target.meta.kind == EntryKind::Dir {
                     dirs_meta.push((path, target));
                 } else {
-                    set_meta(root, path, target)?;
+                    changer.set_meta(path, target)?;
                 }
             }
             Step::Remove { .. } => {}
@@ -636,187 +606,337 @@ fn apply(
     // and a read-only mode set early would stop the filling.
     dirs_meta.sort_by(|a, b| b.0.cmp(a.0));
     for (path, target) in dirs_meta {
-        set_meta(root, path, target)?;
+        changer.set_meta(path, target)?;
     }
     Ok(())
 }
 
-fn remove(root: &OwnedFd, rel: &str, kind: EntryKind) -> io::Result<()> {
-    let (parent, name) = parent_and_name(rel)?;
-    let dir = open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-    let flags = if kind == EntryKind::Dir {
-        libc::AT_REMOVEDIR
-    } else {
-        0
-    };
-    // SAFETY: valid fd and C string.
-    match cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-            // Something untracked (an excluded path) lives inside a directory that did not
-            // exist at the checkpoint: it has to go with it.
-            let d = open_in(root, rel, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-            let mut names = Vec::new();
-            let mut stream = sys::DirStream::open(d.as_fd())?;
-            while let Some(e) = stream.next_entry()? {
-                if e.name != b"." && e.name != b".." {
-                    names.push((String::from_utf8_lossy(e.name).into_owned(), e.d_type));
-                }
-            }
-            for (n, t) in names {
-                let k = if t == libc::DT_DIR {
-                    EntryKind::Dir
-                } else {
-                    EntryKind::File
-                };
-                remove(root, &format!("{rel}/{n}"), k)?;
-            }
-            // SAFETY: as above.
-            cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })
-        }
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other,
+/// Makes a rewind's changes in the daemon itself, through the passthrough core's own
+/// operations (lookup, unlink, mkdir, create, write, setattr...): each passes the gate, so
+/// Layer 1 backs up what it changes exactly as for the same request through the mount, and
+/// the rewind is recorded and can be undone. None of them goes through the daemon's own
+/// mount, so a rewind never waits on a FUSE request that only this daemon could answer.
+///
+/// Paths are resolved by lookups from the root inode, one component at a time: a lookup
+/// never follows a symlink, and a symlink (or anything but a directory) met on the way ends
+/// the walk with ENOTDIR, so a rewind cannot be led out of the tree by a symlink planted in
+/// it; the gate refuses (ESTALE) an object someone moved out of SRC meanwhile. What is found
+/// is checked against the plan before it is changed. The kernel is told about every change:
+/// its entry and attribute caches last a day.
+struct Changer<'a> {
+    fs: &'a PassthroughFs,
+    history: &'a History,
+    caller: Caller,
+}
+
+/// The lookup references a change took on the core's inodes, given back (FORGET) when it
+/// is done, as the kernel does with its own.
+struct Looked<'a> {
+    fs: &'a PassthroughFs,
+    refs: Vec<u64>,
+}
+
+impl Looked<'_> {
+    fn keep(&mut self, e: &Entry) -> u64 {
+        self.refs.push(e.attr.ino.0);
+        e.attr.ino.0
     }
 }
 
-fn write_entry(
-    history: &History,
-    root: &OwnedFd,
-    rel: &str,
-    target: &ViewEntry,
-    create: bool,
-) -> io::Result<()> {
-    let (parent, name) = parent_and_name(rel)?;
-    let dir = open_in(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-    let m = &target.meta;
-    match m.kind {
-        EntryKind::Dir => {
-            // SAFETY: valid fd and C string.
-            match cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o700) }) {
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !create => Ok(()),
-                other => other,
-            }
-        }
-        EntryKind::File => {
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW;
-            // SAFETY: valid fd and C string; the fd is owned below.
-            let fd = cvt_fd(unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    flags | libc::O_CLOEXEC,
-                    0o600,
-                )
-            })?;
-            // SAFETY: a fresh fd, owned by nothing else.
-            let out = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-            // Extents only, so a sparse file comes back sparse (and a hole costs no writes).
-            crate::history::store::copy_sparse(&history.view_open(target)?, &out)?;
-            Ok(())
-        }
-        EntryKind::Symlink => {
-            let target_bytes = history.view_symlink_target(target)?;
-            let t = CString::new(target_bytes).map_err(|_| errno(libc::EINVAL))?;
-            if !create {
-                // SAFETY: valid fd and C string.
-                let _ = unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
-            }
-            // SAFETY: valid fd and C strings.
-            cvt(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })
-        }
-        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
-            let t = match m.kind {
-                EntryKind::Fifo => libc::S_IFIFO,
-                EntryKind::Socket => libc::S_IFSOCK,
-                EntryKind::CharDevice => libc::S_IFCHR,
-                _ => libc::S_IFBLK,
-            };
-            // SAFETY: valid fd and C string.
-            cvt(unsafe {
-                libc::mknodat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    t | (m.mode & 0o777),
-                    m.rdev.unwrap_or(0),
-                )
-            })
+impl Drop for Looked<'_> {
+    fn drop(&mut self) {
+        for &ino in &self.refs {
+            self.fs.forget(ino, 1);
         }
     }
 }
 
-fn set_meta(root: &OwnedFd, rel: &str, target: &ViewEntry) -> io::Result<()> {
-    let m = &target.meta;
-    // The target itself, opened beneath the root without following any symlink (a symlink is
-    // opened as itself), then its type checked on the fd: what we change is what we planned.
-    let fd = open_in(root, rel, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-    // SAFETY: `stat` is plain old data, for which all-zero bytes are a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` a live, writable stat buffer.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    let found = match st.st_mode & libc::S_IFMT {
-        libc::S_IFDIR => EntryKind::Dir,
-        libc::S_IFLNK => EntryKind::Symlink,
-        libc::S_IFREG => EntryKind::File,
-        _ => m.kind,
-    };
-    if found != m.kind {
-        return Err(io::Error::other(format!(
-            "{rel}: changed type during the rewind, left alone"
-        )));
+fn is_errno(e: &io::Error, code: i32) -> bool {
+    e.raw_os_error() == Some(code)
+}
+
+fn file_type_of(kind: EntryKind) -> FileType {
+    match kind {
+        EntryKind::File => FileType::RegularFile,
+        EntryKind::Dir => FileType::Directory,
+        EntryKind::Symlink => FileType::Symlink,
+        EntryKind::Fifo => FileType::NamedPipe,
+        EntryKind::Socket => FileType::Socket,
+        EntryKind::CharDevice => FileType::CharDevice,
+        EntryKind::BlockDevice => FileType::BlockDevice,
     }
-    let empty = c"";
-    // SAFETY: `fd` is an open fd and `empty` a NUL-terminated C string, both live for the call;
-    // AT_EMPTY_PATH makes it act on the fd's own inode.
-    cvt(unsafe {
-        libc::fchownat(
-            fd.as_raw_fd(),
-            empty.as_ptr(),
-            m.uid,
-            m.gid,
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
-    .or_else(|e| {
-        if e.raw_os_error() == Some(libc::EPERM) {
-            Ok(())
-        } else {
-            Err(e)
+}
+
+impl<'a> Changer<'a> {
+    fn new(fs: &'a PassthroughFs) -> Changer<'a> {
+        Changer {
+            fs,
+            history: fs.history(),
+            caller: Caller::daemon(),
         }
-    })?;
-    if m.kind != EntryKind::Symlink {
-        // fchmodat2 (Linux 6.6+) with AT_EMPTY_PATH changes the fd's own inode; plain
-        // fchmodat would follow a symlink swapped in at the last component.
-        // SAFETY: `fd` is an open fd and `empty` a NUL-terminated C string, both live for the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_fchmodat2,
-                fd.as_raw_fd(),
-                empty.as_ptr(),
-                m.mode,
-                libc::AT_EMPTY_PATH,
-            )
+    }
+
+    fn looked(&self) -> Looked<'a> {
+        Looked {
+            fs: self.fs,
+            refs: Vec::new(),
+        }
+    }
+
+    /// The inode of the directory `rel` ("" for the root).
+    fn dir(&self, rel: &str, looked: &mut Looked<'_>) -> io::Result<u64> {
+        let mut ino = ROOT_INO;
+        for name in rel.split('/').filter(|c| !c.is_empty()) {
+            if ino == ROOT_INO && name.as_bytes() == CONTROL_DIR_NAME {
+                return Err(errno(libc::EPERM));
+            }
+            let e = self.fs.lookup(ino, OsStr::new(name))?;
+            ino = looked.keep(&e);
+            if e.attr.kind != FileType::Directory {
+                return Err(errno(libc::ENOTDIR));
+            }
+        }
+        Ok(ino)
+    }
+
+    /// `rel`'s parent directory inode and its last component. A name with a NUL byte is a
+    /// clear error, never an empty name (whose ENOENT would read as success).
+    fn parent<'r>(&self, rel: &'r str, looked: &mut Looked<'_>) -> io::Result<(u64, &'r OsStr)> {
+        let (parent, name) = split_parent(rel);
+        if name.is_empty() || name.contains('\0') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot rewind {rel:?}: not a name"),
+            ));
+        }
+        Ok((self.dir(parent, looked)?, OsStr::new(name)))
+    }
+
+    /// The kernel forgets what it knew of `name` in `parent`, and of `parent` itself (its
+    /// mtime, its size, a cached listing).
+    fn tell_kernel_entry(&self, parent: u64, name: &OsStr) {
+        self.fs.kernel_forget_entry(parent, name);
+        self.fs.kernel_forget_inode(parent, true);
+    }
+
+    fn remove(&self, rel: &str, kind: EntryKind) -> io::Result<()> {
+        let mut looked = self.looked();
+        let (parent, name) = match self.parent(rel, &mut looked) {
+            Ok(found) => found,
+            // Its parent is gone already: nothing left to remove.
+            Err(e) if is_errno(&e, libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
         };
-        cvt(rc as i32)?;
+        let unlink = || {
+            if kind == EntryKind::Dir {
+                self.fs.rmdir(&self.caller, parent, name)
+            } else {
+                self.fs.unlink(&self.caller, parent, name)
+            }
+        };
+        let result = match unlink() {
+            Err(e) if is_errno(&e, libc::ENOTEMPTY) => {
+                // Something untracked (an excluded path) lives inside a directory that did
+                // not exist at the checkpoint: it has to go with it. Listed beneath SRC's
+                // root without following symlinks; each name is removed as any other step.
+                let mut names = Vec::new();
+                if let Some(fd) = self.history.open_existing(rel)? {
+                    let mut stream = sys::DirStream::open(fd.as_fd())?;
+                    while let Some(e) = stream.next_entry()? {
+                        if e.name != b"." && e.name != b".." {
+                            names.push((String::from_utf8_lossy(e.name).into_owned(), e.d_type));
+                        }
+                    }
+                }
+                for (n, t) in names {
+                    let k = if t == libc::DT_DIR {
+                        EntryKind::Dir
+                    } else {
+                        EntryKind::File
+                    };
+                    self.remove(&format!("{rel}/{n}"), k)?;
+                }
+                unlink()
+            }
+            Err(e) if is_errno(&e, libc::ENOENT) => Ok(()),
+            other => other,
+        };
+        self.tell_kernel_entry(parent, name);
+        result
     }
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: m.mtime_sec,
-            tv_nsec: i64::from(m.mtime_nsec),
-        },
-    ];
-    // SAFETY: `fd` is an open fd, `empty` a NUL-terminated C string and `times` two timespecs,
-    // all live for the call; AT_EMPTY_PATH makes it act on the fd's own inode.
-    cvt(unsafe {
-        libc::utimensat(
-            fd.as_raw_fd(),
-            empty.as_ptr(),
-            times.as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
+
+    fn write_entry(&self, rel: &str, target: &ViewEntry, create: bool) -> io::Result<()> {
+        let mut looked = self.looked();
+        let (parent, name) = self.parent(rel, &mut looked)?;
+        let m = &target.meta;
+        let result = match m.kind {
+            EntryKind::Dir => match self.fs.mkdir(&self.caller, parent, name, 0o700, 0) {
+                Ok(e) => {
+                    looked.keep(&e);
+                    Ok(())
+                }
+                Err(e) if is_errno(&e, libc::EEXIST) && !create => Ok(()),
+                Err(e) => Err(e),
+            },
+            EntryKind::File => self.write_file(parent, name, target, &mut looked),
+            EntryKind::Symlink => {
+                let link_target = self.history.view_symlink_target(target)?;
+                if !create {
+                    // Best effort: what is there is replaced, and if it cannot be removed
+                    // the symlink's creation below says why.
+                    let _ = self.fs.unlink(&self.caller, parent, name);
+                }
+                self.fs
+                    .symlink(
+                        &self.caller,
+                        parent,
+                        name,
+                        Path::new(OsStr::from_bytes(&link_target)),
+                    )
+                    .map(|e| {
+                        looked.keep(&e);
+                    })
+            }
+            EntryKind::Fifo
+            | EntryKind::Socket
+            | EntryKind::CharDevice
+            | EntryKind::BlockDevice => {
+                let t = match m.kind {
+                    EntryKind::Fifo => libc::S_IFIFO,
+                    EntryKind::Socket => libc::S_IFSOCK,
+                    EntryKind::CharDevice => libc::S_IFCHR,
+                    _ => libc::S_IFBLK,
+                };
+                self.fs
+                    .mknod(
+                        &self.caller,
+                        parent,
+                        name,
+                        t | (m.mode & 0o777),
+                        0,
+                        m.rdev.unwrap_or(0),
+                    )
+                    .map(|e| {
+                        looked.keep(&e);
+                    })
+            }
+        };
+        self.tell_kernel_entry(parent, name);
+        result
+    }
+
+    /// Creates (or truncates) `name` in `parent` and writes the target's content into it,
+    /// data extents only, so a sparse file comes back sparse (and a hole costs no writes).
+    fn write_file(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        target: &ViewEntry,
+        looked: &mut Looked<'_>,
+    ) -> io::Result<()> {
+        let content = self.history.view_open(target)?;
+        // The core opens with O_NOFOLLOW: a symlink at `name` fails with ELOOP.
+        let (entry, opened) = self.fs.create_unbacked(
+            &self.caller,
+            parent,
+            name,
+            0o600,
+            libc::O_WRONLY | libc::O_TRUNC,
+        )?;
+        let ino = looked.keep(&entry);
+        let written = self.copy_extents(&content, ino, opened.fh);
+        self.fs.release(opened.fh);
+        self.fs.kernel_forget_inode(ino, true);
+        written
+    }
+
+    fn copy_extents(&self, content: &File, ino: u64, fh: u64) -> io::Result<()> {
+        let len = content.metadata()?.len();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut end = 0;
+        let mut off = 0;
+        while off < len {
+            let data = match sys::lseek(content.as_fd(), off as i64, libc::SEEK_DATA) {
+                Ok(d) => d as u64,
+                Err(e) if is_errno(&e, libc::ENXIO) => break,
+                Err(e) => return Err(e),
+            };
+            let hole = sys::lseek(content.as_fd(), data as i64, libc::SEEK_HOLE)? as u64;
+            let mut at = data;
+            while at < hole {
+                let want = ((hole - at) as usize).min(buf.len());
+                let n = sys::pread(content.as_fd(), &mut buf[..want], at)?;
+                if n == 0 {
+                    break;
+                }
+                let mut done = 0;
+                while done < n {
+                    let w = self.fs.write(
+                        &self.caller,
+                        ino,
+                        fh,
+                        at + done as u64,
+                        &buf[done..n],
+                        false,
+                        None,
+                    )? as usize;
+                    if w == 0 {
+                        return Err(errno(libc::EIO));
+                    }
+                    done += w;
+                }
+                at += n as u64;
+            }
+            end = at;
+            off = hole;
+        }
+        if end < len {
+            // A trailing hole: the length says where the file ends.
+            let size = SetAttr {
+                size: Some(len),
+                fh: Some(fh),
+                ..SetAttr::default()
+            };
+            self.fs.setattr(&self.caller, ino, size)?;
+        }
+        Ok(())
+    }
+
+    /// Owner, mode and mtime of `rel` as the target has them, on the object found there if
+    /// it is of the planned type (else it is left alone, with an error).
+    fn set_meta(&self, rel: &str, target: &ViewEntry) -> io::Result<()> {
+        let m = &target.meta;
+        let mut looked = self.looked();
+        let (parent, name) = self.parent(rel, &mut looked)?;
+        let e = self.fs.lookup(parent, name)?;
+        let ino = looked.keep(&e);
+        if e.attr.kind != file_type_of(m.kind) {
+            return Err(io::Error::other(format!(
+                "{rel}: changed type during the rewind, left alone"
+            )));
+        }
+        // The owner first: a chown clears setuid/setgid, which the mode then restores.
+        let owner = SetAttr {
+            uid: Some(m.uid),
+            gid: Some(m.gid),
+            ..SetAttr::default()
+        };
+        match self.fs.setattr(&self.caller, ino, owner) {
+            // A daemon that may not chown (a normal user's mount) keeps the owner it has.
+            Err(e) if !is_errno(&e, libc::EPERM) => return Err(e),
+            _ => {}
+        }
+        let mtime = UNIX_EPOCH + Duration::new(m.mtime_sec.max(0) as u64, m.mtime_nsec);
+        let rest = SetAttr {
+            // A symlink has no mode of its own.
+            mode: (m.kind != EntryKind::Symlink).then_some(m.mode),
+            mtime: Some(TimeOrNow::SpecificTime(mtime)),
+            ..SetAttr::default()
+        };
+        let result = self.fs.setattr(&self.caller, ino, rest).map(drop);
+        self.fs.kernel_forget_inode(ino, false);
+        result
+    }
 }
 
 #[cfg(test)]

@@ -68,6 +68,10 @@ pub struct Opened {
     pub flush_on_close: bool,
 }
 
+/// Registers an open file as the kernel's backing file for passthrough (the adapter's
+/// FUSE_DEV_IOC_BACKING_OPEN); `None` where no kernel open is behind a handle.
+type MakeBacking<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>;
+
 /// What a setattr request asks for (the core's own view of it, not fuser's).
 #[derive(Default)]
 pub struct SetAttr {
@@ -113,6 +117,25 @@ pub struct PassthroughFs {
     /// The mount's device number (major, minor), from the kernel's mount table right after
     /// the mount; a rewind checks its root against it (see `history::rewind`).
     mount_dev: std::sync::OnceLock<(u32, u32)>,
+    /// How the daemon tells the kernel what it changed on its own (a rewind) or behind a
+    /// passthrough mapping: set once the FUSE session exists; until then nothing is cached.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+}
+
+/// A failed cache notification: ENOENT (nothing cached) is normal, anything else is logged
+/// once.
+fn note_notify_error(result: io::Result<()>) {
+    if let Err(e) = result
+        && e.raw_os_error() != Some(libc::ENOENT)
+    {
+        static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !LOGGED.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "telling the kernel about a change the daemon made failed ({e}): it may show \
+                 the old state until its cache expires (logged once)"
+            );
+        }
+    }
 }
 
 /// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
@@ -174,7 +197,33 @@ impl PassthroughFs {
             mount_options: cfg.options,
             owner: cfg.owner,
             mount_dev: std::sync::OnceLock::new(),
+            notifier: Arc::new(std::sync::OnceLock::new()),
         })
+    }
+
+    /// Where the daemon puts the session's notifier (the session is built after the core).
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// Tells the kernel that the daemon itself changed what `name` in `parent` is (created
+    /// or removed it): its cached dentry, positive or negative, goes (dentries live for
+    /// [`TTL`]). Best effort: ENOENT means the kernel had nothing cached; anything else is
+    /// logged once, since a stale entry only delays what a lookup sees.
+    pub fn kernel_forget_entry(&self, parent: u64, name: &OsStr) {
+        if let Some(n) = self.notifier.get() {
+            note_notify_error(n.inval_entry(fuser::INodeNo(parent), name));
+        }
+    }
+
+    /// Tells the kernel that the daemon itself changed inode `ino`: its cached attributes
+    /// go, and with `content` its cached pages too. Best effort, as
+    /// [`PassthroughFs::kernel_forget_entry`].
+    pub fn kernel_forget_inode(&self, ino: u64, content: bool) {
+        if let Some(n) = self.notifier.get() {
+            let offset = if content { 0 } else { -1 };
+            note_notify_error(n.inval_inode(fuser::INodeNo(ino), offset, 0));
+        }
     }
 
     /// The mount point and the options the mount was made with.
@@ -449,10 +498,10 @@ impl PassthroughFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        rdev: u32,
+        rdev: u64,
     ) -> io::Result<Entry> {
         self.create_entry(caller, parent, name, false, &|permit| {
-            sys::with_umask(umask, mode, |mode| permit.mknod(mode, u64::from(rdev)))
+            sys::with_umask(umask, mode, |mode| permit.mknod(mode, rdev))
         })
     }
 
@@ -641,6 +690,23 @@ impl PassthroughFs {
         flags: i32,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<Opened> {
+        self.open_with(caller, ino, flags, Some(make_backing))
+    }
+
+    /// OPEN for the daemon's own use (a rewind writing a file back): as
+    /// [`PassthroughFs::open`], never with a kernel backing file, since no kernel open is
+    /// behind it.
+    pub fn open_unbacked(&self, caller: &Caller, ino: u64, flags: i32) -> io::Result<Opened> {
+        self.open_with(caller, ino, flags, None)
+    }
+
+    fn open_with(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        flags: i32,
+        make_backing: Option<MakeBacking<'_>>,
+    ) -> io::Result<Opened> {
         if virt::is_virtual(ino) {
             return self.virt.open(self, ino, flags);
         }
@@ -672,14 +738,15 @@ impl PassthroughFs {
         fd: HandleFd,
         flags: i32,
         writes_rules: bool,
-        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+        make_backing: Option<MakeBacking<'_>>,
     ) -> io::Result<Opened> {
         let inode = pin.inode().clone();
         let writable = matches!(fd, HandleFd::Writable(_));
-        let backing = if inode.is_regular() && self.passthrough_enabled() {
-            self.backing_for(&inode, fd.as_fd(), make_backing)
-        } else {
-            None
+        let backing = match make_backing {
+            Some(make) if inode.is_regular() && self.passthrough_enabled() => {
+                self.backing_for(&inode, fd.as_fd(), make)
+            }
+            _ => None,
         };
         let passthrough = backing.is_some();
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
@@ -740,6 +807,38 @@ impl PassthroughFs {
         umask: u32,
         flags: i32,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+    ) -> io::Result<(Entry, Opened)> {
+        self.create_with(
+            caller,
+            parent,
+            name,
+            (mode, umask),
+            flags,
+            Some(make_backing),
+        )
+    }
+
+    /// CREATE for the daemon's own use (a rewind): as [`PassthroughFs::create`], never
+    /// with a kernel backing file.
+    pub fn create_unbacked(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> io::Result<(Entry, Opened)> {
+        self.create_with(caller, parent, name, (mode, 0), flags, None)
+    }
+
+    fn create_with(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        (mode, umask): (u32, u32),
+        flags: i32,
+        make_backing: Option<MakeBacking<'_>>,
     ) -> io::Result<(Entry, Opened)> {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;

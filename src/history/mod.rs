@@ -97,12 +97,14 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// The daemon itself (replay fills, rewinds started from the CLI).
+    /// The daemon itself (replay fills, rewinds), with its own effective ids.
     pub fn daemon() -> Caller {
+        // SAFETY: plain getters without preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         Caller {
             pid: std::process::id(),
-            uid: 0,
-            gid: 0,
+            uid,
+            gid,
         }
     }
 }
