@@ -227,8 +227,8 @@ pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<Cont
                 }
                 match conn {
                     Ok(stream) => {
-                        // Rewinds take a while and do their work through the mount; serve
-                        // each connection on its own thread so a slow one blocks nothing.
+                        // Rewinds and gc take a while; serve each connection on its own
+                        // thread so a slow one blocks nothing.
                         let fs = fs.clone();
                         let maintenance = maintenance.clone();
                         let spawned = std::thread::Builder::new()
@@ -480,19 +480,6 @@ fn rewind_request(
                  -o ro (--dry-run shows what a rewind would change)"
             ),
         ));
-    }
-    if let Some(owner) = fs.owner() {
-        // The rewind works through the mount, which the kernel opens to the owner alone. This
-        // connection's thread ends with the request, so it may become the owner for good.
-        crate::sys::act_as_user_on_this_thread(owner).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot rewind as the mount's owner (uid {}): {e}",
-                    owner.uid
-                ),
-            )
-        })?;
     }
     let mut step = |done: usize, total: usize| {
         if wanted {

@@ -22,7 +22,7 @@ use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
 use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
 use crate::history::{History, agent_state};
-use crate::sys::{self, errno};
+use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::EntryKind;
 
 /// One difference between the current tree and the target checkpoint.
@@ -439,7 +439,7 @@ pub fn rewind(
         return Ok(out);
     }
     // Verified before anything changes, the `:before-rewind` checkpoint included.
-    open_mount_root(fs)?;
+    check_mount_root(fs)?;
     let saved = history.unused_rewind_id(id);
     fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
@@ -457,17 +457,13 @@ pub fn rewind(
 /// `statfs.f_type` of every FUSE mount.
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
-/// Opens the root of this daemon's own mount, verified from the kernel: a FUSE file system
-/// (`fstatfs`), with the device number the daemon recorded when it mounted, and the root of
-/// that mount (`statx` STATX_ATTR_MOUNT_ROOT). The path is the daemon's own mount point,
-/// never a state file; it is only a hint, since a user who owns a parent of it can move the
-/// mount away and put a directory or symlink in its place: then this refuses, before the
-/// rewind has changed anything.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "an O_PATH open of MNT, to check it: it can neither write nor create"
-)]
-fn open_mount_root(fs: &PassthroughFs) -> io::Result<OwnedFd> {
+/// Checks that the mount point the user knows is still this daemon's mount, from the
+/// kernel: a FUSE file system (`fstatfs`), with the device number the daemon recorded when it
+/// mounted, and the root of that mount (`statx` STATX_ATTR_MOUNT_ROOT). The rewind itself
+/// never goes through it, but a user who owns a parent of the mount point can move the mount
+/// away and put a directory or symlink in its place; rewinding a tree the user no longer sees
+/// there would surprise them, so this refuses before anything changes.
+fn check_mount_root(fs: &PassthroughFs) -> io::Result<()> {
     let mnt = fs.mount_info().0;
     let refuse = |why: String| {
         io::Error::other(format!(
@@ -477,8 +473,41 @@ fn open_mount_root(fs: &PassthroughFs) -> io::Result<OwnedFd> {
             mnt.display()
         ))
     };
-    let c = CString::new(mnt.as_os_str().as_encoded_bytes())
-        .map_err(|_| refuse("its path contains a NUL byte".into()))?;
+    let Some(expected) = fs.mount_dev() else {
+        return Err(refuse(
+            "the daemon did not find its mount's device number when it mounted".into(),
+        ));
+    };
+    let check = || -> Result<(), String> {
+        let fd = open_path(mnt)?;
+        verify_mount_root(fd.as_fd(), expected)
+    };
+    let checked = match fs.owner() {
+        None => check(),
+        // A mount made for another user admits that user's processes alone, root's not:
+        // the check runs on a thread of its own that becomes the owner for good.
+        Some(owner) => std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    sys::act_as_user_on_this_thread(owner)
+                        .map_err(|e| format!("cannot act as the owner (uid {}): {e}", owner.uid))?;
+                    check()
+                })
+                .join()
+                .unwrap_or_else(|_| Err("the check's thread panicked".into()))
+        }),
+    };
+    checked.map_err(refuse)
+}
+
+/// Opens `path` O_PATH (a directory, followed as given: the kernel's checks decide).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "an O_PATH open of MNT, to check it: it can neither write nor create"
+)]
+fn open_path(path: &Path) -> Result<OwnedFd, String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| "its path contains a NUL byte".to_string())?;
     // SAFETY: valid C string; the fd is owned below.
     let fd = unsafe {
         libc::open(
@@ -487,20 +516,10 @@ fn open_mount_root(fs: &PassthroughFs) -> io::Result<OwnedFd> {
         )
     };
     if fd < 0 {
-        return Err(refuse(format!(
-            "opening it failed: {}",
-            io::Error::last_os_error()
-        )));
+        return Err(format!("opening it failed: {}", io::Error::last_os_error()));
     }
     // SAFETY: fresh fd, owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let Some(expected) = fs.mount_dev() else {
-        return Err(refuse(
-            "the daemon did not find its mount's device number when it mounted".into(),
-        ));
-    };
-    verify_mount_root(fd.as_fd(), expected).map_err(refuse)?;
-    Ok(fd)
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Why `fd` is not the root of the FUSE mount with device `(major, minor)`, if it is not.
@@ -623,6 +642,11 @@ fn apply(
 /// it; the gate refuses (ESTALE) an object someone moved out of SRC meanwhile. What is found
 /// is checked against the plan before it is changed. The kernel is told about every change:
 /// its entry and attribute caches last a day.
+///
+/// On a mount for an `--owner`, the rewind is that user's: every operation runs with the
+/// owner's fs ids ([`Changer::as_caller`]), so SRC's filesystem checks each change as the
+/// owner's own, as the kernel checked the owner's requests through the mount; Layer 1 and
+/// the store stay the daemon's (`FsCredsGuard::as_daemon` in the history).
 struct Changer<'a> {
     fs: &'a PassthroughFs,
     history: &'a History,
@@ -669,11 +693,25 @@ fn file_type_of(kind: EntryKind) -> FileType {
 
 impl<'a> Changer<'a> {
     fn new(fs: &'a PassthroughFs) -> Changer<'a> {
+        let caller = match fs.owner() {
+            Some(owner) => Caller {
+                pid: std::process::id(),
+                uid: owner.uid,
+                gid: owner.gid,
+            },
+            None => Caller::daemon(),
+        };
         Changer {
             fs,
             history: fs.history(),
-            caller: Caller::daemon(),
+            caller,
         }
+    }
+
+    /// Runs one operation of the core with the caller's fs ids (see the type's docs).
+    fn as_caller<R>(&self, op: impl FnOnce() -> R) -> R {
+        let _creds = FsCredsGuard::switch(self.caller.uid, self.caller.gid);
+        op()
     }
 
     fn looked(&self) -> Looked<'a> {
@@ -690,7 +728,7 @@ impl<'a> Changer<'a> {
             if ino == ROOT_INO && name.as_bytes() == CONTROL_DIR_NAME {
                 return Err(errno(libc::EPERM));
             }
-            let e = self.fs.lookup(ino, OsStr::new(name))?;
+            let e = self.as_caller(|| self.fs.lookup(ino, OsStr::new(name)))?;
             ino = looked.keep(&e);
             if e.attr.kind != FileType::Directory {
                 return Err(errno(libc::ENOTDIR));
@@ -728,11 +766,13 @@ impl<'a> Changer<'a> {
             Err(e) => return Err(e),
         };
         let unlink = || {
-            if kind == EntryKind::Dir {
-                self.fs.rmdir(&self.caller, parent, name)
-            } else {
-                self.fs.unlink(&self.caller, parent, name)
-            }
+            self.as_caller(|| {
+                if kind == EntryKind::Dir {
+                    self.fs.rmdir(&self.caller, parent, name)
+                } else {
+                    self.fs.unlink(&self.caller, parent, name)
+                }
+            })
         };
         let result = match unlink() {
             Err(e) if is_errno(&e, libc::ENOTEMPTY) => {
@@ -770,32 +810,35 @@ impl<'a> Changer<'a> {
         let (parent, name) = self.parent(rel, &mut looked)?;
         let m = &target.meta;
         let result = match m.kind {
-            EntryKind::Dir => match self.fs.mkdir(&self.caller, parent, name, 0o700, 0) {
-                Ok(e) => {
-                    looked.keep(&e);
-                    Ok(())
+            EntryKind::Dir => {
+                match self.as_caller(|| self.fs.mkdir(&self.caller, parent, name, 0o700, 0)) {
+                    Ok(e) => {
+                        looked.keep(&e);
+                        Ok(())
+                    }
+                    Err(e) if is_errno(&e, libc::EEXIST) && !create => Ok(()),
+                    Err(e) => Err(e),
                 }
-                Err(e) if is_errno(&e, libc::EEXIST) && !create => Ok(()),
-                Err(e) => Err(e),
-            },
+            }
             EntryKind::File => self.write_file(parent, name, target, &mut looked),
             EntryKind::Symlink => {
                 let link_target = self.history.view_symlink_target(target)?;
-                if !create {
-                    // Best effort: what is there is replaced, and if it cannot be removed
-                    // the symlink's creation below says why.
-                    let _ = self.fs.unlink(&self.caller, parent, name);
-                }
-                self.fs
-                    .symlink(
+                self.as_caller(|| {
+                    if !create {
+                        // Best effort: what is there is replaced, and if it cannot be
+                        // removed the symlink's creation below says why.
+                        let _ = self.fs.unlink(&self.caller, parent, name);
+                    }
+                    self.fs.symlink(
                         &self.caller,
                         parent,
                         name,
                         Path::new(OsStr::from_bytes(&link_target)),
                     )
-                    .map(|e| {
-                        looked.keep(&e);
-                    })
+                })
+                .map(|e| {
+                    looked.keep(&e);
+                })
             }
             EntryKind::Fifo
             | EntryKind::Socket
@@ -807,8 +850,8 @@ impl<'a> Changer<'a> {
                     EntryKind::CharDevice => libc::S_IFCHR,
                     _ => libc::S_IFBLK,
                 };
-                self.fs
-                    .mknod(
+                self.as_caller(|| {
+                    self.fs.mknod(
                         &self.caller,
                         parent,
                         name,
@@ -816,9 +859,10 @@ impl<'a> Changer<'a> {
                         0,
                         m.rdev.unwrap_or(0),
                     )
-                    .map(|e| {
-                        looked.keep(&e);
-                    })
+                })
+                .map(|e| {
+                    looked.keep(&e);
+                })
             }
         };
         self.tell_kernel_entry(parent, name);
@@ -836,13 +880,15 @@ impl<'a> Changer<'a> {
     ) -> io::Result<()> {
         let content = self.history.view_open(target)?;
         // The core opens with O_NOFOLLOW: a symlink at `name` fails with ELOOP.
-        let (entry, opened) = self.fs.create_unbacked(
-            &self.caller,
-            parent,
-            name,
-            0o600,
-            libc::O_WRONLY | libc::O_TRUNC,
-        )?;
+        let (entry, opened) = self.as_caller(|| {
+            self.fs.create_unbacked(
+                &self.caller,
+                parent,
+                name,
+                0o600,
+                libc::O_WRONLY | libc::O_TRUNC,
+            )
+        })?;
         let ino = looked.keep(&entry);
         let written = self.copy_extents(&content, ino, opened.fh);
         self.fs.release(opened.fh);
@@ -897,7 +943,7 @@ impl<'a> Changer<'a> {
                 fh: Some(fh),
                 ..SetAttr::default()
             };
-            self.fs.setattr(&self.caller, ino, size)?;
+            self.as_caller(|| self.fs.setattr(&self.caller, ino, size))?;
         }
         Ok(())
     }
@@ -908,7 +954,7 @@ impl<'a> Changer<'a> {
         let m = &target.meta;
         let mut looked = self.looked();
         let (parent, name) = self.parent(rel, &mut looked)?;
-        let e = self.fs.lookup(parent, name)?;
+        let e = self.as_caller(|| self.fs.lookup(parent, name))?;
         let ino = looked.keep(&e);
         if e.attr.kind != file_type_of(m.kind) {
             return Err(io::Error::other(format!(
@@ -921,7 +967,7 @@ impl<'a> Changer<'a> {
             gid: Some(m.gid),
             ..SetAttr::default()
         };
-        match self.fs.setattr(&self.caller, ino, owner) {
+        match self.as_caller(|| self.fs.setattr(&self.caller, ino, owner)) {
             // A daemon that may not chown (a normal user's mount) keeps the owner it has.
             Err(e) if !is_errno(&e, libc::EPERM) => return Err(e),
             _ => {}
@@ -933,7 +979,9 @@ impl<'a> Changer<'a> {
             mtime: Some(TimeOrNow::SpecificTime(mtime)),
             ..SetAttr::default()
         };
-        let result = self.fs.setattr(&self.caller, ino, rest).map(drop);
+        let result = self
+            .as_caller(|| self.fs.setattr(&self.caller, ino, rest))
+            .map(drop);
         self.fs.kernel_forget_inode(ino, false);
         result
     }

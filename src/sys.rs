@@ -430,45 +430,63 @@ impl Drop for DirStream {
 }
 
 /// Switches the calling thread's filesystem uid/gid for the guard's lifetime, so that files
-/// created on behalf of another user belong to that user (as the kernel would do).
+/// created on behalf of another user belong to that user, and what the thread changes is
+/// checked as that user's (a non-zero fsuid drops the daemon's file capabilities), as the
+/// kernel would do. The ids the thread had before come back on drop, so guards nest.
 ///
 /// setfsuid/setfsgid are per-thread at the syscall level, which is what we want: each FUSE
-/// worker thread switches only itself.
+/// worker thread switches only itself. A daemon that is not root cannot switch (a no-op).
 pub struct FsCredsGuard {
-    switched: bool,
+    /// The thread's fs ids before the switch, if it switched.
+    previous: Option<(u32, u32)>,
 }
 
 impl FsCredsGuard {
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "setfsgid/setfsuid: this thread's filesystem ids, no change to any file"
-    )]
     pub fn switch(uid: u32, gid: u32) -> FsCredsGuard {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || (uid == 0 && gid == 0) {
-            return FsCredsGuard { switched: false };
+        if unsafe { libc::geteuid() } != 0 {
+            return FsCredsGuard { previous: None };
         }
-        // SAFETY: raw syscalls; gid first, because after dropping fsuid we could not change it.
-        unsafe {
-            libc::syscall(libc::SYS_setfsgid, gid);
-            libc::syscall(libc::SYS_setfsuid, uid);
+        FsCredsGuard {
+            previous: Some(set_fs_ids(uid, gid)),
         }
-        FsCredsGuard { switched: true }
+    }
+
+    /// Back to the daemon's own (root's) fs ids for the guard's lifetime: for what the
+    /// daemon does for itself in the middle of a change made as another user (Layer 1 reads
+    /// SRC and writes the store, which is root's alone).
+    pub fn as_daemon() -> FsCredsGuard {
+        FsCredsGuard::switch(0, 0)
+    }
+}
+
+/// Sets this thread's fs gid then uid (gid first: after dropping fsuid 0 the gid could no
+/// longer change) and returns the ids it had. setfsuid/setfsgid return the previous id.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "setfsgid/setfsuid: this thread's filesystem ids, no change to any file"
+)]
+fn set_fs_ids(uid: u32, gid: u32) -> (u32, u32) {
+    // SAFETY: raw syscalls on this thread's credentials; any id is accepted (an id the
+    // thread may not take leaves it unchanged).
+    unsafe {
+        // Setting fsuid 0 first when going back to root, so that the gid change is allowed.
+        if uid == 0 {
+            let prev_uid = libc::syscall(libc::SYS_setfsuid, uid) as u32;
+            let prev_gid = libc::syscall(libc::SYS_setfsgid, gid) as u32;
+            (prev_uid, prev_gid)
+        } else {
+            let prev_gid = libc::syscall(libc::SYS_setfsgid, gid) as u32;
+            let prev_uid = libc::syscall(libc::SYS_setfsuid, uid) as u32;
+            (prev_uid, prev_gid)
+        }
     }
 }
 
 impl Drop for FsCredsGuard {
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "setfsuid/setfsgid: this thread's filesystem ids, no change to any file"
-    )]
     fn drop(&mut self) {
-        if self.switched {
-            // SAFETY: restoring root's fs ids; uid first so that the gid change is permitted.
-            unsafe {
-                libc::syscall(libc::SYS_setfsuid, 0);
-                libc::syscall(libc::SYS_setfsgid, 0);
-            }
+        if let Some((uid, gid)) = self.previous {
+            set_fs_ids(uid, gid);
         }
     }
 }
@@ -761,14 +779,39 @@ pub fn user_ids(user: &str) -> io::Result<UserIds> {
     })
 }
 
+/// `pidfd_open(2)`: a descriptor that becomes readable when process `pid` exits (`None` if
+/// there is no such process, or the kernel has no pidfds).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "pidfd_open has no libc wrapper; it only opens a process descriptor"
+)]
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes plain integers and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `close_range(first, ~0, 0)`: closes every descriptor from `first` up. Best effort (an
+/// old kernel without it leaves them open).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "close_range has no libc wrapper; it only closes this process's descriptors"
+)]
+pub(crate) fn close_descriptors_from(first: u32) {
+    // SAFETY: close_range(2) only closes descriptors; the caller owns every one from `first`
+    // up and uses none of them afterwards.
+    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+}
+
 /// Makes the calling thread, and only it, act as `user` on a mount made for that user: no
 /// supplementary groups, real, effective and saved ids all `user`'s (what the kernel's FUSE
-/// access check compares with the mount's `user_id`/`group_id`), and of root's capabilities
-/// only CAP_DAC_READ_SEARCH, so that it can still read the root-owned store while every
-/// change it makes through the mount is checked as `user`'s own.
+/// access check compares with the mount's `user_id`/`group_id`: root itself is refused by a
+/// mount made for another user), and of root's capabilities only CAP_DAC_READ_SEARCH.
 ///
-/// Irreversible for the thread: call it on a thread that ends with the work (a control
-/// connection's). Raw syscalls on purpose: glibc's wrappers would change every thread of the
+/// Irreversible for the thread: call it on a thread that ends with the work (a rewind's
+/// check of the mount root runs on one of its own). Raw syscalls on purpose: glibc's wrappers would change every thread of the
 /// process.
 #[allow(
     clippy::disallowed_methods,
@@ -829,32 +872,6 @@ pub fn act_as_user_on_this_thread(user: UserIds) -> io::Result<()> {
     check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
     // SAFETY: as above.
     check(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) }.into())
-}
-
-/// `pidfd_open(2)`: a descriptor that becomes readable when process `pid` exits (`None` if
-/// there is no such process, or the kernel has no pidfds).
-#[allow(
-    clippy::disallowed_methods,
-    reason = "pidfd_open has no libc wrapper; it only opens a process descriptor"
-)]
-pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open(2) takes plain integers and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
-    // SAFETY: fd is a fresh descriptor that nothing else owns.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `close_range(first, ~0, 0)`: closes every descriptor from `first` up. Best effort (an
-/// old kernel without it leaves them open).
-#[allow(
-    clippy::disallowed_methods,
-    reason = "close_range has no libc wrapper; it only closes this process's descriptors"
-)]
-pub(crate) fn close_descriptors_from(first: u32) {
-    // SAFETY: close_range(2) only closes descriptors; the caller owns every one from `first`
-    // up and uses none of them afterwards.
-    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
 }
 
 /// A read lease (`F_SETLEASE`, `F_RDLCK`) on an open file, released on drop (or by

@@ -772,3 +772,69 @@ fn read_no_symlinks(path: &Path) -> std::io::Result<String> {
     f.read_to_string(&mut s)?;
     Ok(s)
 }
+
+/// The rewind changes SRC from inside the daemon, not through the mount, so the kernel's
+/// caches (entries and attributes kept for a day) must hear of every change: a name the
+/// kernel knows positively goes, one it knows to be absent appears, and a file whose
+/// attributes and pages it has cached shows the rewound size, mode and content at once.
+fn a_rewind_is_seen_through_the_kernels_caches(args: &[&str]) {
+    let m = seeded(args);
+    checkpoint(&m, "m1");
+    sh(
+        &m,
+        "printf 'a much longer alpha\\n' > a.txt && chmod 600 a.txt && rm dir/b.txt && \
+         echo new > created.txt",
+    );
+    // Fill the kernel's caches with the current state: a negative entry for dir/b.txt,
+    // positive ones (attributes and pages) for the others.
+    assert!(fs::symlink_metadata(m.mnt.join("dir/b.txt")).is_err());
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("a.txt")).unwrap(),
+        "a much longer alpha\n"
+    );
+    let before = fs::metadata(m.mnt.join("a.txt")).unwrap();
+    assert_eq!(before.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("created.txt")).unwrap(),
+        "new\n"
+    );
+
+    rewind(&m, "m1", &[]);
+    let a = fs::metadata(m.mnt.join("a.txt")).unwrap();
+    let want = fs::metadata(at(&m, "m1").join("a.txt")).unwrap();
+    assert_ne!(
+        want.permissions().mode() & 0o777,
+        0o600,
+        "the seed's mode differs"
+    );
+    assert_eq!(a.len(), "alpha\nbeta\n".len() as u64, "a.txt's cached size");
+    assert_eq!(
+        a.permissions().mode() & 0o777,
+        want.permissions().mode() & 0o777,
+        "a.txt's cached mode"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("a.txt")).unwrap(),
+        "alpha\nbeta\n"
+    );
+    assert_eq!(
+        fs::read_to_string(m.mnt.join("dir/b.txt")).unwrap(),
+        "bravo\n",
+        "a name the kernel knew to be absent"
+    );
+    assert!(
+        fs::symlink_metadata(m.mnt.join("created.txt")).is_err(),
+        "a name the kernel knew to exist"
+    );
+    assert_eq!(tree_listing(&m.mnt), tree_listing(&at(&m, "m1")));
+}
+
+#[test]
+fn a_rewind_is_seen_through_the_kernels_caches_with_passthrough() {
+    a_rewind_is_seen_through_the_kernels_caches(&[]);
+}
+
+#[test]
+fn a_rewind_is_seen_through_the_kernels_caches_without_passthrough() {
+    a_rewind_is_seen_through_the_kernels_caches(&["--no-passthrough"]);
+}

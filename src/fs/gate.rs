@@ -379,6 +379,8 @@ impl Gate {
 /// `EBADF`: a permit acts on its own target only.
 /// Tells a backup linked into the store whether the file really left SRC.
 fn settle(backup: LinkedObject<'_>, result: &io::Result<()>) {
+    // The store is the daemon's, also when the removal was made as another user.
+    let _daemon = sys::FsCredsGuard::as_daemon();
     match result {
         Ok(()) => backup.removed(),
         Err(_) => backup.kept(),

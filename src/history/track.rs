@@ -15,7 +15,7 @@ use super::model::backup_of;
 use super::store::{LinkPut, LinkedObject};
 use super::{Caller, History, State, Version, VersionState, rel_key};
 use crate::durability::{self, Durability};
-use crate::sys::{self, errno};
+use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::{Actor, EntryKind, EntryMeta, Record, rfc3339};
 
 pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
@@ -97,6 +97,9 @@ impl History {
         rel: &[u8],
         is_dir: Option<bool>,
     ) -> io::Result<()> {
+        // Layer 1 reads SRC and writes the store as the daemon, also in the middle of a
+        // change made as another user (a rewind asked for by an `--owner`).
+        let _daemon = FsCredsGuard::as_daemon();
         let Some(rel) = rel_key(rel) else {
             warn!(
                 "not tracking a path that is not UTF-8: {:?}",
@@ -122,6 +125,7 @@ impl History {
         rel: &[u8],
         is_dir: Option<bool>,
     ) -> io::Result<Option<LinkedObject<'_>>> {
+        let _daemon = FsCredsGuard::as_daemon();
         let Some(rel) = rel_key(rel) else {
             warn!(
                 "not tracking a path that is not UTF-8: {:?}",
@@ -148,6 +152,7 @@ impl History {
         exchange: bool,
         replaces: bool,
     ) -> io::Result<Option<LinkedObject<'_>>> {
+        let _daemon = FsCredsGuard::as_daemon();
         let (Some(from), Some(to)) = (rel_key(from), rel_key(to)) else {
             warn!("not tracking a rename involving a non-UTF-8 path");
             return Ok(None);
