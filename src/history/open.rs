@@ -261,9 +261,9 @@ fn prepare(
 /// Trust on first use for a state dir from before signing (see migrate.rs): signs the set-id
 /// entries of everything `loaded` replayed (transcript and journal tail), rewrites the
 /// transcript with them (in delta form) if there are any, and says whether it did.
-/// `signing-id` says `ID pending`
-/// from before the rewrite until after it, so a crash in between leaves a state dir that the
-/// next mount signs again (`resumed`), with the same id; then it says `ID`.
+/// `signing-id` says `ID pending` from before the rewrite until after it, so a crash in
+/// between leaves a state dir that the next mount signs again (`resumed`), with the same id;
+/// then it says `ID`.
 fn sign_on_first_use(
     state_dir: &std::path::Path,
     transcript_path: &std::path::Path,
