@@ -291,10 +291,35 @@ fn sign_on_first_use(
     }
     let to_sign = super::migrate::set_id_entries(records)
         + super::migrate::set_id_entries(&loaded.journal_tail);
+    // First use means first: a state dir this key began signing before, found again with
+    // set-id entries and no id, had its id (and its MACs) removed. A new, empty one at the
+    // same place signs nothing, so it is fine.
+    let canonical = std::fs::canonicalize(state_dir)?;
+    if let (false, true, Some(key)) = (resumed, to_sign > 0, signer.key())
+        && let Some(old_id) = key.signed_before(&canonical)?
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is missing, but this state dir was signed before (as {old_id}, noted in \
+                     {}): its id was removed, and its {to_sign} set-id entries cannot be \
+                     trusted; nothing was mounted. Restore the state dir from a backup, or move \
+                     it aside to start a new history (if it is a state dir from before signing \
+                     restored here on purpose, remove that line from the list)",
+                state_dir
+                    .join(crate::transcript::mac::STATE_ID_FILE)
+                    .display(),
+                key.signed_list().display()
+            ),
+        ));
+    }
     let mut id = StateId {
         id: signer.state_id().to_string(),
         complete: false,
     };
+    if let Some(key) = signer.key() {
+        key.remember_signed(&canonical, &id.id)?;
+    }
     write_state_id(state_dir, &id)?;
     if to_sign > 0 {
         let mut records = std::mem::take(&mut loaded.transcript_outcome.records);
@@ -346,8 +371,12 @@ mod tests {
 
     const T: &str = "2026-01-02T03:04:05.678Z";
 
-    fn key(byte: u8) -> Result<Arc<RecordKey>, String> {
-        let key = RecordKey::from_bytes([byte; 32], "/k/record.key".into());
+    /// Key `byte`, as if read from `keys/k<byte>/record.key` (its list of signed state dirs
+    /// goes beside it).
+    fn key(keys: &std::path::Path, byte: u8) -> Result<Arc<RecordKey>, String> {
+        let dir = keys.join(format!("k{byte}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = RecordKey::from_bytes([byte; 32], dir.join("record.key"));
         Ok(Arc::new(key))
     }
 
@@ -363,9 +392,10 @@ mod tests {
     }
 
     /// A state dir as a daemon before signing left it: `tool` made setuid (v2 at c0), then
-    /// not any more (v3 at c1). Returns it, its store and the tool's object.
-    fn old_state_dir() -> (tempfile::TempDir, Store, String) {
-        let dir = tempfile::tempdir().unwrap();
+    /// not any more (v3 at c1). Returns it, a directory for keys, its store and the tool's
+    /// object.
+    fn old_state_dir() -> (tempfile::TempDir, tempfile::TempDir, Store, String) {
+        let (dir, keys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let store = Store::open(&dir.path().join("backups")).unwrap();
         let object = store.put_bytes(b"#!/bin/sh\n").unwrap().name;
         let records = vec![
@@ -396,7 +426,7 @@ mod tests {
             ),
         ];
         rewrite_atomically(&dir.path().join("transcript.jsonl"), &records).unwrap();
-        (dir, store, object)
+        (dir, keys, store, object)
     }
 
     fn transcript(dir: &std::path::Path) -> Vec<Record> {
@@ -433,8 +463,8 @@ mod tests {
 
     #[test]
     fn an_older_state_dir_is_signed_once_then_checked() {
-        let (dir, store, object) = old_state_dir();
-        let (loaded, signer) = prepare(dir.path(), &store, key(7)).unwrap();
+        let (dir, keys, store, object) = old_state_dir();
+        let (loaded, signer) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
         assert_eq!(loaded.state.checkpoints.len(), 2);
         let id = read_state_id(dir.path())
             .unwrap()
@@ -453,7 +483,7 @@ mod tests {
             "both setuid entries signed, no other"
         );
         // Exactly once: the next mount checks, and signs nothing.
-        let (_, again) = prepare(dir.path(), &store, key(7)).unwrap();
+        let (_, again) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
         assert_eq!(again.state_id(), signer.state_id());
         assert_eq!(
             transcript(dir.path()),
@@ -462,7 +492,9 @@ mod tests {
         );
         // An unsigned set-id record appended now is no longer trusted.
         append(dir.path(), &forged(&object, None));
-        let e = prepare(dir.path(), &store, key(7)).err().unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
         let msg = e.to_string();
         assert!(msg.contains("the record with seq 6"), "{msg}");
         assert!(
@@ -470,7 +502,10 @@ mod tests {
             "{msg}"
         );
         assert!(
-            msg.contains("no signature from the record key /k/record.key"),
+            msg.contains(&format!(
+                "no signature from the record key {}/k7/record.key",
+                keys.path().display()
+            )),
             "{msg}"
         );
         assert!(msg.contains("nothing was mounted"), "{msg}");
@@ -480,16 +515,20 @@ mod tests {
     /// taken from the history itself): refused, as is a key other than the signer's.
     #[test]
     fn a_copied_mac_or_another_key_is_refused() {
-        let (dir, store, object) = old_state_dir();
-        prepare(dir.path(), &store, key(7)).unwrap();
+        let (dir, keys, store, object) = old_state_dir();
+        prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
         let mac = transcript(dir.path())[1].snapshot.tracked_file_backups["tool"]
             .mac
             .clone();
         assert!(mac.is_some());
-        let e = prepare(dir.path(), &store, key(8)).err().unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 8))
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("a signature not made by"), "{e}");
         append(dir.path(), &forged(&object, mac));
-        let e = prepare(dir.path(), &store, key(7)).err().unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("\"tool\" version 4"), "{e}");
         assert!(e.to_string().contains("a signature not made by"), "{e}");
         let e = prepare(dir.path(), &store, Err("no home".into()))
@@ -502,19 +541,60 @@ mod tests {
     /// removed from a signed state dir is not taken for an older state dir.
     #[test]
     fn an_interrupted_signing_resumes_and_a_removed_id_is_refused() {
-        let (dir, store, _) = old_state_dir();
-        prepare(dir.path(), &store, key(7)).unwrap();
+        let (dir, keys, store, _) = old_state_dir();
+        prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
         let mut id = read_state_id(dir.path()).unwrap().unwrap();
         id.complete = false;
         write_state_id(dir.path(), &id).unwrap();
-        let (_, signer) = prepare(dir.path(), &store, key(7)).unwrap();
+        let (_, signer) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
         assert_eq!(signer.state_id(), id.id);
         assert!(read_state_id(dir.path()).unwrap().unwrap().complete);
         std::fs::remove_file(dir.path().join("signing-id")).unwrap();
-        let e = prepare(dir.path(), &store, key(7)).err().unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
         assert!(
             e.to_string().contains("the state dir's id was removed"),
             "{e}"
+        );
+    }
+
+    /// Write access to a signed state dir is not enough to have it signed again: with its id
+    /// and every MAC stripped and a forged set-id record added, it looks like a state dir
+    /// from before signing, but the key's list says it was signed, so it is refused. A new,
+    /// empty state dir at the same place is a new history and is signed as usual.
+    #[test]
+    fn a_state_dir_stripped_of_its_id_and_macs_is_not_signed_again() {
+        let (dir, keys, store, object) = old_state_dir();
+        prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        let mut records = transcript(dir.path());
+        for r in &mut records {
+            for b in r.snapshot.tracked_file_backups.values_mut() {
+                b.mac = None;
+            }
+        }
+        records.extend(forged(&object, None));
+        rewrite_atomically(&dir.path().join("transcript.jsonl"), &records).unwrap();
+        std::fs::remove_file(dir.path().join("signing-id")).unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
+        let msg = e.to_string();
+        assert!(msg.contains("this state dir was signed before"), "{msg}");
+        assert!(msg.contains("signed-state-dirs"), "{msg}");
+        assert!(
+            read_state_id(dir.path()).unwrap().is_none(),
+            "nothing signed"
+        );
+        assert_eq!(transcript(dir.path()), records, "nothing rewritten");
+
+        // Moved aside, and a new history started in its place.
+        std::fs::remove_file(dir.path().join("transcript.jsonl")).unwrap();
+        let (loaded, signer) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        assert!(loaded.state.paths.is_empty());
+        assert_eq!(
+            read_state_id(dir.path()).unwrap().unwrap().id,
+            signer.state_id()
         );
     }
 }

@@ -39,6 +39,8 @@ pub const KEY_LEN: usize = 32;
 /// The state dir's id file: its presence means the state dir's set-id entries are signed
 /// (see docs/transcript-format.md, "Signed set-id entries").
 pub use crate::state_dir::SIGNING_ID_FILE as STATE_ID_FILE;
+/// Beside the key: the state dirs it began signing, one JSON object a line.
+pub const SIGNED_LIST_FILE: &str = "signed-state-dirs";
 /// Starts every MAC'd message, so that a MAC of this kind can never be taken for another.
 const DOMAIN: &[u8] = b"checkpointfs record mac v1\0";
 
@@ -113,6 +115,14 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
+/// A line of [`SIGNED_LIST_FILE`].
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SignedStateDir {
+    id: String,
+    state_dir: String,
+}
+
 /// A record key: 32 secret bytes, and where they were read from (for messages).
 pub struct RecordKey {
     key: [u8; KEY_LEN],
@@ -128,6 +138,59 @@ impl RecordKey {
     /// Where the key was read from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file beside the key listing the state dirs this key began signing (see
+    /// [`RecordKey::signed_before`]).
+    pub fn signed_list(&self) -> PathBuf {
+        self.path.with_file_name(SIGNED_LIST_FILE)
+    }
+
+    /// The id under which this key last began signing the state dir at `state_dir` (a
+    /// canonical path), if it did: a state dir found there later without `signing-id` had
+    /// it removed, unless it is a new one. Kept beside the key, outside every state dir, so
+    /// that write access to a state dir cannot make it look as if it had never been signed.
+    pub fn signed_before(&self, state_dir: &Path) -> io::Result<Option<String>> {
+        let list = self.signed_list();
+        let text = match fs::read_to_string(&list) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", list.display()))),
+        };
+        let want = state_dir.to_string_lossy();
+        // The last line for the path: a new history begun there since is the current one.
+        Ok(text
+            .lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<SignedStateDir>(l).ok())
+            .find(|e| e.state_dir == want)
+            .map(|e| e.id))
+    }
+
+    /// Notes that this key begins signing the state dir at `state_dir` (a canonical path)
+    /// under `id`: one JSON line appended in one write to a 0600 file beside the key.
+    pub fn remember_signed(&self, state_dir: &Path, id: &str) -> io::Result<()> {
+        let list = self.signed_list();
+        let entry = SignedStateDir {
+            id: id.to_string(),
+            state_dir: state_dir.to_string_lossy().into_owned(),
+        };
+        let mut line = serde_json::to_string(&entry).map_err(io::Error::other)?;
+        line.push('\n');
+        let appended = (|| {
+            let mut f = fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&list)?;
+            if f.metadata()?.uid() != euid() {
+                return Err(refused("it belongs to another user".to_string()));
+            }
+            f.write_all(line.as_bytes())?;
+            f.sync_all()
+        })();
+        appended.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", list.display())))
     }
 
     fn mac(&self, state_id: &str, path: &str, b: &TrackedFileBackup, meta: &EntryMeta) -> String {
@@ -346,6 +409,11 @@ pub struct Signer {
 impl Signer {
     pub fn new(key: Result<Arc<RecordKey>, String>, state_id: String) -> Signer {
         Signer { key, state_id }
+    }
+
+    /// The key, if there is one.
+    pub fn key(&self) -> Option<&RecordKey> {
+        self.key.as_deref().ok()
     }
 
     /// The state dir's id the MACs bind.
