@@ -224,3 +224,89 @@ fn forged_set_id_records_are_refused_and_change_nothing() {
     assert_eq!(mode(&at(&m, "c1").join("legit")), 0o4755);
     assert_eq!(owner(&at(&m, "c1").join("mine")), (65534, 0o755));
 }
+
+/// A state dir from before signing (no `signing-id`, no MACs, unknown to the key) with a
+/// setuid version is signed by its first mount; `gc --state-dir`, which renumbers versions,
+/// signs them again; and the setuid mode still comes back by view and rewind.
+#[test]
+fn an_older_state_dir_is_signed_on_first_mount_and_survives_gc() {
+    let (mut m, key) = mount_with_own_key();
+    let tool = m.mnt.join("tool");
+    fs::write(&tool, "#!/bin/sh\n").unwrap();
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+    checkpoint(&m, "c0");
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o4755)).unwrap();
+    checkpoint(&m, "c1");
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+    checkpoint(&m, "c2");
+    fs::write(&tool, "#!/bin/sh\necho 3\n").unwrap();
+    checkpoint(&m, "c3");
+    m.umount();
+
+    // As a daemon before signing left it.
+    let unsigned: Vec<String> = transcript_records(&m.state)
+        .into_iter()
+        .map(|mut r| {
+            for b in r["snapshot"]["trackedFileBackups"]
+                .as_object_mut()
+                .unwrap()
+                .values_mut()
+            {
+                b.as_object_mut().unwrap().remove("mac");
+            }
+            r.to_string()
+        })
+        .collect();
+    assert!(
+        unsigned.iter().any(|l| l.contains("\"mode\":2541")),
+        "a 04755 entry"
+    );
+    fs::write(m.state.join("transcript.jsonl"), unsigned.join("\n") + "\n").unwrap();
+    fs::remove_file(m.state.join("signing-id")).unwrap();
+    fs::remove_file(key.with_file_name("signed-state-dirs")).unwrap();
+
+    m.mount();
+    assert!(
+        m.daemon_log().contains("signed the 2 already recorded"),
+        "{}",
+        m.daemon_log()
+    );
+    m.umount();
+    let id = fs::read_to_string(m.state.join("signing-id")).unwrap();
+    assert_eq!(id.trim().len(), 32, "{id:?}: complete, not pending");
+    let signed = transcript_records(&m.state)
+        .iter()
+        .flat_map(|r| {
+            r["snapshot"]["trackedFileBackups"]
+                .as_object()
+                .unwrap()
+                .clone()
+        })
+        .filter(|(_, b)| b.get("mac").is_some())
+        .count();
+    assert_eq!(signed, 2, "c1's version and its repeat before the chmod");
+
+    let out = Command::new(BIN)
+        .args(["gc", "--state-dir"])
+        .arg(&m.state)
+        .args(["--keep", "3"])
+        .env("XDG_CONFIG_HOME", m.root().join("config"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "gc: {}", stderr(&out));
+    assert_eq!(
+        last_entry(&m.state, "tool")["version"],
+        json!(3),
+        "renumbered: c1's setuid version is the base, version 1, signed again"
+    );
+
+    m.mount();
+    assert_eq!(mode(&at(&m, "c1").join("tool")), 0o4755);
+    rewind(&m, "c1", &[]);
+    assert_eq!(mode(&m.src.join("tool")), 0o4755);
+    assert_eq!(
+        fs::read_to_string(m.src.join("tool")).unwrap(),
+        "#!/bin/sh\n"
+    );
+}
