@@ -188,7 +188,10 @@ fn forged_set_id_records_are_refused_and_change_nothing() {
     assert!(!is_mount_point(&m.mnt));
     let err = stderr(&out);
     for want in [
-        format!("the record with seq {forged_seq}"),
+        format!(
+            "transcript.jsonl line {}: the record with seq {forged_seq}",
+            transcript_records(&m.state).len()
+        ),
         "\"mine\" version 3 has set-id mode 4755 (uid 0, gid 0)".to_string(),
         format!("no signature from the record key {}", key.display()),
         "copy that account's record.key".to_string(),

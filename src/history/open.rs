@@ -72,12 +72,13 @@ fn load(
             } else {
                 &journal_path
             };
+            let line = line_of_seq(file, r.seq).map_or(String::new(), |n| format!(" line {n}"));
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{}: the record with seq {} describes an impossible history: {why}. The \
-                     file was damaged or edited; nothing was mounted. Restore the state dir \
-                     {} from a backup, or move it aside to start a new history",
+                    "{}{line}: the record with seq {} describes an impossible history: {why}. \
+                     The file was damaged or edited; nothing was mounted. Restore the state \
+                     dir {} from a backup, or move it aside to start a new history",
                     file.display(),
                     r.seq,
                     state_dir.display()
@@ -99,6 +100,18 @@ fn load(
         transcript_outcome: outcome,
         journal_tail,
     })
+}
+
+/// The 1-based line of `path` holding the record with `seq`, for the message of a refused
+/// replay (seqs are unique in a file that replay read); `None` if it cannot be read again.
+fn line_of_seq(path: &std::path::Path, seq: u64) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .position(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .is_ok_and(|v| v.get("seq").and_then(serde_json::Value::as_u64) == Some(seq))
+        })
+        .map(|i| i + 1)
 }
 
 fn assemble(
