@@ -340,19 +340,20 @@ fn read_key(path: &Path) -> io::Result<RecordKey> {
             m.mode() & 0o7777
         )));
     }
-    let mut key = [0u8; KEY_LEN];
-    let mut rest = Vec::new();
-    f.read_exact(&mut key)
-        .and_then(|()| f.read_to_end(&mut rest))
+    let mut bytes = Vec::with_capacity(KEY_LEN);
+    f.read_to_end(&mut bytes)
         .map_err(|e| io::Error::new(e.kind(), format!("record key {shown}: {e}")))?;
-    if !rest.is_empty() {
-        return Err(io::Error::new(
+    let key: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
+        io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "record key {shown} is longer than {KEY_LEN} bytes: not a key checkpointfs made"
+                "record key {shown} is {} bytes, not {KEY_LEN}: not a key checkpointfs made \
+                 (restore it from a backup; removing it makes a new key, and the state dirs \
+                 signed with the old one are then refused)",
+                bytes.len()
             ),
-        ));
-    }
+        )
+    })?;
     Ok(RecordKey {
         key,
         path: path.to_owned(),
@@ -737,6 +738,17 @@ mod tests {
         create_key(dir.path(), &path).unwrap();
         let key = read_key(&path).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+        // Not a key checkpointfs made: refused, not used.
+        let short = dir.path().join("short.key");
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&short)
+            .and_then(|mut f| f.write_all(b"0123"))
+            .unwrap();
+        let e = read_key(&short).err().unwrap();
+        assert!(e.to_string().contains("is 4 bytes, not 32"), "{e}");
         // Created once: a second creation keeps the first key.
         create_key(dir.path(), &path).unwrap();
         assert_eq!(read_key(&path).unwrap().key, key.key);
