@@ -20,11 +20,15 @@ use std::path::Path;
 
 use log::warn;
 
+/// The state dir's id, which the MACs of its set-id entries bind (`crate::transcript::mac`).
+pub const SIGNING_ID_FILE: &str = "signing-id";
+
 /// The files and directories the daemon keeps in a state dir (relative paths).
 const STATE_ENTRIES: &[&str] = &[
     "transcript.jsonl",
     "source",
     "settings.json",
+    SIGNING_ID_FILE,
     "daemon.log",
     "daemon.pid",
     "mountpoint",

@@ -10,6 +10,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// An `io::Error` for the errno `code`.
@@ -737,6 +738,29 @@ pub struct UserIds {
 
 /// The uid and primary gid of `user`, a name from the password database or a numeric uid.
 pub fn user_ids(user: &str) -> io::Result<UserIds> {
+    with_passwd(user, |pwd| UserIds {
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+    })
+}
+
+/// The home directory the password database gives `uid` (`None`: the field is empty).
+pub fn home_of(uid: u32) -> io::Result<Option<PathBuf>> {
+    with_passwd(&uid.to_string(), |pwd| {
+        if pwd.pw_dir.is_null() {
+            return None;
+        }
+        // SAFETY: pw_dir is non-null and points to a NUL-terminated string in the buffer
+        // `with_passwd` keeps alive for this call.
+        let dir = unsafe { CStr::from_ptr(pwd.pw_dir) };
+        let dir = OsStr::from_bytes(dir.to_bytes());
+        (!dir.is_empty()).then(|| PathBuf::from(dir))
+    })
+}
+
+/// Calls `f` with the password database entry of `user` (a name or a numeric uid); the
+/// entry's strings live only for the call.
+fn with_passwd<T>(user: &str, f: impl FnOnce(&libc::passwd) -> T) -> io::Result<T> {
     let by_uid = user.parse::<u32>().ok();
     let name = CString::new(user).map_err(|_| errno(libc::EINVAL))?;
     let mut pwd = MaybeUninit::<libc::passwd>::uninit();
@@ -771,12 +795,10 @@ pub fn user_ids(user: &str) -> io::Result<UserIds> {
             "no such user in the password database",
         ));
     }
-    // SAFETY: found is non-null, so the call filled pwd.
+    // SAFETY: found is non-null, so the call filled pwd; its strings point into buf, which
+    // lives until this function returns, after `f`.
     let pwd = unsafe { pwd.assume_init() };
-    Ok(UserIds {
-        uid: pwd.pw_uid,
-        gid: pwd.pw_gid,
-    })
+    Ok(f(&pwd))
 }
 
 /// `pidfd_open(2)`: a descriptor that becomes readable when process `pid` exits (`None` if

@@ -9,23 +9,14 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
 
-use common::{TestMount, at, checkpoint, cli_ok, tree_listing};
+use common::{TestMount, at, checkpoint, cli_ok, transcript_records, tree_listing};
 use serde_json::Value;
 
 fn transcript_len(m: &TestMount) -> u64 {
     fs::metadata(m.state.join("transcript.jsonl"))
         .unwrap()
         .len()
-}
-
-fn records(state: &Path) -> Vec<Value> {
-    fs::read_to_string(state.join("transcript.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn is_checkpoint(r: &Value) -> bool {
@@ -106,7 +97,7 @@ fn a_checkpoint_adds_what_changed_to_the_transcript_not_the_tree() {
         "{per_checkpoint} transcript bytes per checkpoint with {TRACKED} tracked paths"
     );
     // Each checkpoint record lists exactly its 5 new versions.
-    let recs = records(&m.state);
+    let recs = transcript_records(&m.state);
     let sizes: Vec<usize> = recs
         .iter()
         .filter(|r| is_checkpoint(r))
@@ -174,7 +165,7 @@ fn a_transcript_with_full_checkpoints_is_rewritten_in_delta_form_with_the_same_h
     let log_before = cli_ok(&["log", m.mnt.to_str().unwrap()]);
     m.umount();
 
-    let full = to_full_form(&records(&m.state));
+    let full = to_full_form(&transcript_records(&m.state));
     let full_text: String = full
         .iter()
         .map(|r| serde_json::to_string(r).unwrap() + "\n")
@@ -194,7 +185,7 @@ fn a_transcript_with_full_checkpoints_is_rewritten_in_delta_form_with_the_same_h
     }
     assert_eq!(cli_ok(&["log", m.mnt.to_str().unwrap()]), log_before);
     m.umount();
-    let migrated = records(&m.state);
+    let migrated = transcript_records(&m.state);
     assert_eq!(migrated.len(), full.len());
     for r in migrated.iter().filter(|r| is_checkpoint(r)) {
         assert_eq!(r["delta"], Value::Bool(true), "{r}");

@@ -113,6 +113,7 @@ impl History {
         let mut record = Record::checkpoint_delta(id, seq, rfc3339(now), delta);
         record.session = session;
         let rec = self.recorder()?;
+        rec.signer.sign_record(&mut record);
         rec.journal.append(&record, false)?;
         rec.transcript.append(record);
         let copied_open_files = !continuing.is_empty();

@@ -52,6 +52,7 @@ use super::model::{apply_record, backup_of};
 use super::store::Store;
 use super::{Checkpoint, History, State};
 use crate::transcript::journal::{JOURNAL_FILE_NAME, Journal};
+use crate::transcript::mac::{RecordKey, Signer, read_state_id};
 use crate::transcript::record::{FILE_HISTORY_SNAPSHOT, Record};
 use crate::transcript::replay::{ReplayError, read_transcript};
 use crate::transcript::writer::rewrite_atomically;
@@ -255,6 +256,49 @@ fn compact(
     Ok(out)
 }
 
+/// gc renumbers versions and a MAC binds its entry's version, so gc signs the compacted
+/// records again; it must never sign what no daemon recorded. So every set-id entry of
+/// `records`, as they are before renumbering, must verify first; then the plan's records
+/// are signed.
+fn check_and_sign(
+    signer: &Signer,
+    records: &[Record],
+    plan: impl FnOnce(Vec<Record>) -> io::Result<Plan>,
+) -> io::Result<Plan> {
+    for r in records {
+        for (path, b) in &r.snapshot.tracked_file_backups {
+            if let Some(why) = signer.check(path, b) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "gc: the transcript record with seq {}: {why}. Nothing was changed",
+                        r.seq
+                    ),
+                ));
+            }
+        }
+    }
+    let mut plan = plan(records.to_vec())?;
+    for r in &mut plan.records {
+        signer.sign_record(r);
+    }
+    Ok(plan)
+}
+
+/// The signer for gc of a state dir no daemon serves: `None` for one from before signing
+/// (its next mount signs it, gc leaves its entries as they are).
+fn offline_signer(state_dir: &Path) -> io::Result<Option<Signer>> {
+    let Some(id) = read_state_id(state_dir)?.filter(|id| id.complete) else {
+        return Ok(None);
+    };
+    let key = match RecordKey::load() {
+        Ok(Some(key)) => Ok(std::sync::Arc::new(key)),
+        Ok(None) => Err("this user has none".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    Ok(Some(Signer::new(key, id.id)))
+}
+
 /// Decides what gc does with the history in `records` (a whole transcript, in order).
 pub fn plan(records: Vec<Record>, retention: Retention, now: SystemTime) -> io::Result<Plan> {
     let (state, positions) = replay(&records);
@@ -431,7 +475,8 @@ impl History {
         let path = rec.transcript.path().to_path_buf();
         let records = read_transcript(&path).map_err(replay_error)?.records;
         let before = file_len(&path)?;
-        let plan = plan(records, retention, SystemTime::now())?;
+        let now = SystemTime::now();
+        let plan = check_and_sign(&rec.signer, &records, |r| plan(r, retention, now))?;
         let after = transcript_len(&plan.records)?;
         let sweep = Sweep::of(&self.store, &referenced_objects(&plan.records))?;
         let report = sweep.report(&plan, dry_run, before, after);
@@ -547,7 +592,11 @@ pub fn gc_state_dir(
     // Records that reached only the journal (a crashed daemon) are history too.
     records.extend(Journal::read_after(&journal_path, last_seq).map_err(replay_error)?);
     let before = file_len(&transcript)?;
-    let plan = plan(records, retention, SystemTime::now())?;
+    let now = SystemTime::now();
+    let plan = match offline_signer(state_dir)? {
+        Some(signer) => check_and_sign(&signer, &records, |r| plan(r, retention, now))?,
+        None => plan(records, retention, now)?,
+    };
     let after = transcript_len(&plan.records)?;
     let sweep = Sweep::of(&store, &referenced_objects(&plan.records))?;
     let report = sweep.report(&plan, dry_run, before, after);
@@ -626,6 +675,53 @@ mod tests {
             self.records.push(r);
             self.latest = Some(id.to_string());
         }
+    }
+
+    /// gc renumbers a setuid entry's version, so it signs it again, and only after it checked
+    /// the MACs as they were: a forged set-id entry is never signed by gc.
+    #[test]
+    fn gc_signs_renumbered_set_id_entries_and_never_a_forged_one() {
+        use crate::transcript::mac::RecordKey;
+        let key = RecordKey::from_bytes([7; 32], "/k/record.key".into());
+        let signer = Signer::new(Ok(std::sync::Arc::new(key)), "ab".repeat(16));
+        let setuid = |version: u32, object: &str| {
+            let mut b = file(version, object);
+            b.meta.as_mut().unwrap().mode = 0o4755;
+            b
+        };
+        let mut records = history();
+        records.push(Record::checkpoint_delta(
+            "c4",
+            records.len() as u64 + 1,
+            rfc3339(at(T0 + 40)),
+            BTreeMap::from([("a".to_string(), setuid(5, "a4"))]),
+        ));
+        for r in &mut records {
+            signer.sign_record(r);
+        }
+        let p = check_and_sign(&signer, &records, |r| {
+            plan(r, Retention::Keep(2), at(T0 + 100))
+        })
+        .unwrap();
+        let a = &p.records.last().unwrap().snapshot.tracked_file_backups["a"];
+        assert!(a.version < 5, "renumbered to {}", a.version);
+        assert_eq!(
+            signer.check("a", a),
+            None,
+            "signed again for its new version"
+        );
+
+        let mut forged = records.clone();
+        let last = forged.last_mut().unwrap();
+        last.snapshot.tracked_file_backups.get_mut("a").unwrap().mac = None;
+        let e = check_and_sign(&signer, &forged, |r| plan(r, Retention::Keep(2), at(T0)))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("gc: the transcript record with seq"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no signature from"), "{e}");
     }
 
     /// `a` changes at every checkpoint; `b` once, before c1; `c` is created after c2.

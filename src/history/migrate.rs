@@ -1,3 +1,5 @@
+//! Migrations of older state dirs, each done once by the daemon that mounts one.
+//!
 //! Transcript format 2: checkpoints in delta form ([`Record::delta`]).
 //!
 //! Before it, every checkpoint record spelled out the whole map of tracked paths, so the
@@ -6,10 +8,19 @@
 //! way, so old state dirs stay readable as they are; a daemon mounting one rewrites its
 //! transcript in delta form once ([`to_delta_form`], atomically), so that later remounts and
 //! `log` cost O(records).
+//!
+//! Transcript format 3: signed set-id entries ([`crate::transcript::mac`]). A state dir
+//! without `STATE/signing-id` predates them: its set-id entries carry no MAC. Policy: trust
+//! on first use. The first daemon that mounts it (and so has just checked that nobody else
+//! can write it, `crate::state_dir::secure`) replays it with every other check, signs its
+//! set-id entries once ([`sign_once`]), rewrites the transcript atomically and only then
+//! writes `signing-id`; from then on every set-id entry needs a valid MAC. A state dir with
+//! no `signing-id` whose records carry MACs had its id removed, and is refused instead.
 use std::collections::HashSet;
 
 use super::State;
 use super::model::apply_record;
+use crate::transcript::mac::{Signer, needs_mac};
 use crate::transcript::record::{FILE_HISTORY_SNAPSHOT, Record};
 
 /// Whether `records` has a checkpoint in the old full form.
@@ -53,6 +64,38 @@ pub fn to_delta_form(records: Vec<Record>) -> Vec<Record> {
         out.push(r);
     }
     out
+}
+
+/// How many entries of `records` need a MAC ([`needs_mac`]).
+pub fn set_id_entries(records: &[Record]) -> usize {
+    records
+        .iter()
+        .flat_map(|r| r.snapshot.tracked_file_backups.values())
+        .filter(|b| needs_mac(b.meta.as_ref()))
+        .count()
+}
+
+/// The seq and path of the first entry of `records` that carries a MAC: in a state dir
+/// without `signing-id`, proof that the id was removed (a daemon writes the id before any
+/// MAC it makes can be replayed).
+pub fn first_signed(records: &[Record]) -> Option<(u64, &str)> {
+    records.iter().find_map(|r| {
+        r.snapshot
+            .tracked_file_backups
+            .iter()
+            .find(|(_, b)| b.mac.is_some())
+            .map(|(path, _)| (r.seq, path.as_str()))
+    })
+}
+
+/// Trust on first use (see the module docs): signs every set-id entry of `records`, the
+/// whole replayed history of a state dir from before signing, with `signer`. Only for a
+/// history replay accepted with every other check, from a state dir the mount checked
+/// nobody else can write; never for one that has a `signing-id` (its MACs are checked).
+pub fn sign_once(records: &mut [Record], signer: &Signer) {
+    for r in records {
+        signer.sign_record(r);
+    }
 }
 
 #[cfg(test)]

@@ -145,6 +145,9 @@ pub(crate) struct Layer1Stats {
 pub(crate) struct Recorder {
     pub journal: std::sync::Arc<Journal>,
     pub transcript: TranscriptWriter,
+    /// Signs each record's set-id entries before it is written to either (see
+    /// [`crate::transcript::mac`]).
+    pub signer: crate::transcript::mac::Signer,
 }
 
 pub struct History {

@@ -192,11 +192,14 @@ pub fn split_parent(rel: &str) -> (&str, &str) {
 
 /// Why record `r` cannot follow the records replayed into `state`: a history no daemon could
 /// have written (a version gap or a version 0, an object name that is not one, or one the
-/// store does not hold). `has_object` answers for the store.
+/// store does not hold), or an entry `check_entry` refuses: a set-id mode without a valid MAC
+/// ([`crate::transcript::mac::Signer::check`]; the key's IO is the caller's, this stays
+/// pure). `has_object` answers for the store.
 pub(crate) fn impossible(
     state: &State,
     r: &Record,
     has_object: &mut dyn FnMut(&str) -> bool,
+    check_entry: &dyn Fn(&str, &TrackedFileBackup) -> Option<String>,
 ) -> Option<String> {
     if r.record_type != FILE_HISTORY_SNAPSHOT
         || (!r.is_snapshot_update
@@ -239,6 +242,11 @@ pub(crate) fn impossible(
                 ));
             }
         }
+        // Every entry of an applied record, repeats included: whatever a rewind could
+        // restore was signed by the daemon that recorded it.
+        if let Some(why) = check_entry(path, b) {
+            return Some(why);
+        }
     }
     None
 }
@@ -250,10 +258,11 @@ pub(crate) fn impossible(
 pub fn replay_for_fuzzing(
     records: &[Record],
     has_object: &mut dyn FnMut(&str) -> bool,
+    check_entry: &dyn Fn(&str, &TrackedFileBackup) -> Option<String>,
 ) -> Result<usize, String> {
     let mut state = State::default();
     for r in records {
-        if let Some(why) = impossible(&state, r, has_object) {
+        if let Some(why) = impossible(&state, r, has_object, check_entry) {
             return Err(why);
         }
         apply_record(&mut state, r);
@@ -383,6 +392,8 @@ pub(crate) fn backup_of(
         pending,
         actor,
         fill,
+        // Set when the record is written (`Signer::sign_record`), with the key.
+        mac: None,
     }
 }
 
@@ -395,6 +406,11 @@ mod tests {
     use crate::transcript::testutil::file_entry;
 
     const T: &str = "2026-01-02T03:04:05Z";
+
+    /// No entry refused for its MAC (the tests of everything else).
+    fn no_mac(_: &str, _: &TrackedFileBackup) -> Option<String> {
+        None
+    }
 
     fn obj(n: u8) -> String {
         format!("{n:02x}").repeat(32)
@@ -417,7 +433,7 @@ mod tests {
     fn replay(records: &[Record]) -> Result<State, String> {
         let mut state = State::default();
         for r in records {
-            if let Some(why) = impossible(&state, r, &mut |_| true) {
+            if let Some(why) = impossible(&state, r, &mut |_| true, &no_mac) {
                 return Err(why);
             }
             apply_record(&mut state, r);
@@ -543,7 +559,7 @@ mod tests {
         assert_eq!(object_at(&state, "f", 0).as_deref(), Some("pending"));
         let mut state = state;
         let r = update(3, "f", fill);
-        assert_eq!(impossible(&state, &r, &mut |_| true), None);
+        assert_eq!(impossible(&state, &r, &mut |_| true, &no_mac), None);
         apply_record(&mut state, &r);
         assert_eq!(object_at(&state, "f", 0), Some(obj(2)));
         assert!(state.dirty_paths.is_empty(), "a fill is not a change");
@@ -564,38 +580,61 @@ mod tests {
         let mut state = State::default();
         let mut all = |_: &str| true;
         let first = update(1, "f", file_entry(1, &obj(1), T));
-        assert_eq!(impossible(&state, &first, &mut all), None);
+        assert_eq!(impossible(&state, &first, &mut all, &no_mac), None);
         apply_record(&mut state, &first);
         // A version gap, in a Layer 1 record and in a checkpoint.
         let gap = update(2, "f", file_entry(3, &obj(1), T));
-        let why = impossible(&state, &gap, &mut all).unwrap();
+        let why = impossible(&state, &gap, &mut all, &no_mac).unwrap();
         assert!(why.contains("jumps to version 3 after 1 version"), "{why}");
         let gap = delta("c0", 2, &[("f", file_entry(4, &obj(1), T))]);
-        assert!(impossible(&state, &gap, &mut all).is_some());
+        assert!(impossible(&state, &gap, &mut all, &no_mac).is_some());
         // A first version that is not 1.
         let zero = update(2, "g", file_entry(0, &obj(1), T));
-        assert!(impossible(&state, &zero, &mut all).is_some());
+        assert!(impossible(&state, &zero, &mut all, &no_mac).is_some());
         let late = update(2, "g", file_entry(2, &obj(1), T));
-        assert!(impossible(&state, &late, &mut all).is_some());
+        assert!(impossible(&state, &late, &mut all, &no_mac).is_some());
         // A version after v1 made by a backup record (invariant 3).
         let by_backup = update(2, "f", file_entry(2, &obj(2), T));
-        let why = impossible(&state, &by_backup, &mut all).unwrap();
+        let why = impossible(&state, &by_backup, &mut all, &no_mac).unwrap();
         assert!(why.contains("only a checkpoint makes a version"), "{why}");
         // An object name that is not one (a path out of the store).
         let name = delta("c0", 2, &[("f", file_entry(2, "../../etc/shadow", T))]);
-        let why = impossible(&state, &name, &mut all).unwrap();
+        let why = impossible(&state, &name, &mut all, &no_mac).unwrap();
         assert!(why.contains("not a store object name"), "{why}");
         // An object the store lacks.
         let next = delta("c0", 2, &[("f", file_entry(2, &obj(2), T))]);
-        let why = impossible(&state, &next, &mut |_| false).unwrap();
+        let why = impossible(&state, &next, &mut |_| false, &no_mac).unwrap();
         assert!(why.contains("which is missing"), "{why}");
-        assert_eq!(impossible(&state, &next, &mut all), None);
+        assert_eq!(impossible(&state, &next, &mut all, &no_mac), None);
         // Record types replay does not know are skipped, so never refused.
         let mut other = gap.clone();
         other.record_type = "summary".into();
-        assert_eq!(impossible(&state, &other, &mut all), None);
+        assert_eq!(impossible(&state, &other, &mut all, &no_mac), None);
         apply_record(&mut state, &other);
         assert!(state.checkpoints.is_empty());
+    }
+
+    /// Every entry of a record replay applies goes to the MAC check, whose refusal is
+    /// replay's; a repeated checkpoint record, which replay skips, is not checked.
+    #[test]
+    fn replay_refuses_what_the_mac_check_refuses() {
+        let refuse_g = |path: &str, _: &TrackedFileBackup| {
+            (path == "g").then(|| "\"g\" has set-id mode 4755 but no signature".to_string())
+        };
+        let mut state = State::default();
+        let c0 = delta("c0", 1, &[("f", file_entry(1, &obj(1), T))]);
+        assert_eq!(impossible(&state, &c0, &mut |_| true, &refuse_g), None);
+        apply_record(&mut state, &c0);
+        let forged = delta("c1", 2, &[("g", file_entry(1, &obj(2), T))]);
+        let why = impossible(&state, &forged, &mut |_| true, &refuse_g).unwrap();
+        assert!(why.contains("no signature"), "{why}");
+        let repeated = delta("c0", 3, &[("g", file_entry(1, &obj(2), T))]);
+        assert_eq!(
+            impossible(&state, &repeated, &mut |_| true, &refuse_g),
+            None
+        );
+        let err = replay_for_fuzzing(&[c0, forged], &mut |_| true, &refuse_g).unwrap_err();
+        assert!(err.contains("no signature"), "{err}");
     }
 
     /// The replay the fuzz harness runs: every path has its version at every checkpoint.
@@ -621,7 +660,7 @@ mod tests {
             update(3, "d/x", file_entry(1, &obj(1), T)),
             delta("c1", 4, &[("d/x", file_entry(2, &obj(2), T))]),
         ];
-        let lookups = replay_for_fuzzing(&records, &mut |_| true).unwrap();
+        let lookups = replay_for_fuzzing(&records, &mut |_| true, &no_mac).unwrap();
         assert_eq!(lookups, 2 * 3, "two paths, checkpoints 0..=2");
         let state = replay(&records).unwrap();
         assert_eq!(state.children[""], BTreeSet::from(["d".to_string()]));

@@ -14,7 +14,10 @@ use super::{History, HistoryConfig, State};
 use crate::durability::Durability;
 use crate::sys::open_source;
 use crate::transcript::journal::Journal;
-use crate::transcript::record::Record;
+use crate::transcript::mac::{
+    RecordKey, Signer, StateId, new_state_id, read_state_id, write_state_id,
+};
+use crate::transcript::record::{Record, TrackedFileBackup};
 use crate::transcript::replay::{read_transcript, truncate_torn_tail};
 use crate::transcript::writer::{TranscriptWriter, rewrite_atomically};
 
@@ -26,8 +29,13 @@ struct Loaded {
 }
 
 /// Replays the transcript, then the journal records past its end, refusing an impossible
-/// history (see [`impossible`]) with a clear error. Reads only.
-fn load(state_dir: &std::path::Path, store: &Store) -> io::Result<Loaded> {
+/// history (see [`impossible`]; `check_entry` judges set-id entries' MACs) with a clear
+/// error. Reads only.
+fn load(
+    state_dir: &std::path::Path,
+    store: &Store,
+    check_entry: &dyn Fn(&str, &TrackedFileBackup) -> Option<String>,
+) -> io::Result<Loaded> {
     let transcript_path = state_dir.join("transcript.jsonl");
     let journal_path = state_dir.join("backups").join("journal.jsonl");
     let outcome = read_transcript(&transcript_path).map_err(to_io)?;
@@ -58,18 +66,19 @@ fn load(state_dir: &std::path::Path, store: &Store) -> io::Result<Loaded> {
         .chain(journal_tail.iter())
         .enumerate()
     {
-        if let Some(why) = impossible(&state, r, &mut has_object) {
+        if let Some(why) = impossible(&state, r, &mut has_object, check_entry) {
             let file = if i < transcript_len {
                 &transcript_path
             } else {
                 &journal_path
             };
+            let line = line_of_seq(file, r.seq).map_or(String::new(), |n| format!(" line {n}"));
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{}: the record with seq {} describes an impossible history: {why}. The \
-                     file was damaged or edited; nothing was mounted. Restore the state dir \
-                     {} from a backup, or move it aside to start a new history",
+                    "{}{line}: the record with seq {} describes an impossible history: {why}. \
+                     The file was damaged or edited; nothing was mounted. Restore the state \
+                     dir {} from a backup, or move it aside to start a new history",
                     file.display(),
                     r.seq,
                     state_dir.display()
@@ -91,6 +100,18 @@ fn load(state_dir: &std::path::Path, store: &Store) -> io::Result<Loaded> {
         transcript_outcome: outcome,
         journal_tail,
     })
+}
+
+/// The 1-based line of `path` holding the record with `seq`, for the message of a refused
+/// replay (seqs are unique in a file that replay read); `None` if it cannot be read again.
+fn line_of_seq(path: &std::path::Path, seq: u64) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .position(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .is_ok_and(|v| v.get("seq").and_then(serde_json::Value::as_u64) == Some(seq))
+        })
+        .map(|i| i + 1)
 }
 
 fn assemble(
@@ -155,22 +176,13 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let store = Arc::new(Store::open_with(&cfg.state_dir.join("backups"), policy)?);
     let transcript_path = cfg.state_dir.join("transcript.jsonl");
     let journal_path = cfg.state_dir.join("backups").join("journal.jsonl");
-    let mut loaded = load(&cfg.state_dir, &store)?;
-    if super::migrate::has_full_checkpoints(&loaded.transcript_outcome.records) {
-        // Once, for a state dir from before delta checkpoints: the rewrite also leaves the
-        // file ending on a line boundary.
-        let records = std::mem::take(&mut loaded.transcript_outcome.records);
-        let before = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
-        rewrite_atomically(&transcript_path, &super::migrate::to_delta_form(records))?;
-        let after = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
-        info!(
-            "transcript {}: rewrote its checkpoints in delta form ({before} -> {after} bytes)",
-            transcript_path.display()
-        );
-    } else {
-        // Leaves the file ending on a line boundary, which the writer requires.
-        truncate_torn_tail(&transcript_path, &loaded.transcript_outcome)?;
-    }
+    // Without a key the daemon still mounts: only set-id entries need one (replay refuses
+    // them, and new ones are recorded unsigned, with an error in the log).
+    let key = RecordKey::load_or_create().map(Arc::new).map_err(|e| {
+        warn!("no record key, so set-id modes cannot be signed or checked: {e}");
+        e.to_string()
+    });
+    let (loaded, signer) = prepare(&cfg.state_dir, &store, key)?;
 
     let journal = Arc::new(Journal::open(&journal_path)?);
     let transcript = TranscriptWriter::start(&transcript_path)?;
@@ -202,19 +214,400 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
         Some(super::Recorder {
             journal,
             transcript,
+            signer,
         }),
     )
 }
 
+/// Replays a state dir for a daemon and migrates it: set-id entries are checked against
+/// `key` once the state dir is signed, and signed on first use before (see migrate.rs); a
+/// transcript with full checkpoints is rewritten in delta form; a torn tail is cut. Returns
+/// what replay found, and the signer of the records the daemon will write.
+fn prepare(
+    state_dir: &std::path::Path,
+    store: &Store,
+    key: Result<Arc<RecordKey>, String>,
+) -> io::Result<(Loaded, Signer)> {
+    let transcript_path = state_dir.join("transcript.jsonl");
+    let state_id = read_state_id(state_dir)?;
+    let signed = state_id.as_ref().is_some_and(|s| s.complete);
+    // A state dir without an id predates signing: trust on first use. One whose id is still
+    // `pending` was being signed when its daemon stopped: signed again, with that id.
+    let first_signing = !signed && key.is_ok();
+    let resumed = state_id.is_some();
+    let signer = Signer::new(
+        key,
+        match state_id {
+            Some(s) => s.id,
+            None => new_state_id()?,
+        },
+    );
+    let check_entry = |path: &str, b: &TrackedFileBackup| signer.check(path, b);
+    let unchecked = |_: &str, _: &TrackedFileBackup| None;
+    let mut loaded = load(
+        state_dir,
+        store,
+        if signed { &check_entry } else { &unchecked },
+    )?;
+    let rewritten = first_signing
+        && sign_on_first_use(state_dir, &transcript_path, &mut loaded, &signer, resumed)?;
+    if rewritten {
+        // The signing rewrote it whole, in delta form, ending on a line boundary.
+    } else if super::migrate::has_full_checkpoints(&loaded.transcript_outcome.records) {
+        // Once, for a state dir from before delta checkpoints: the rewrite also leaves the
+        // file ending on a line boundary.
+        let records = std::mem::take(&mut loaded.transcript_outcome.records);
+        let before = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
+        rewrite_atomically(&transcript_path, &super::migrate::to_delta_form(records))?;
+        let after = std::fs::metadata(&transcript_path).map_or(0, |m| m.len());
+        info!(
+            "transcript {}: rewrote its checkpoints in delta form ({before} -> {after} bytes)",
+            transcript_path.display()
+        );
+    } else {
+        // Leaves the file ending on a line boundary, which the writer requires.
+        truncate_torn_tail(&transcript_path, &loaded.transcript_outcome)?;
+    }
+    Ok((loaded, signer))
+}
+
+/// Trust on first use for a state dir from before signing (see migrate.rs): signs the set-id
+/// entries of everything `loaded` replayed (transcript and journal tail), rewrites the
+/// transcript with them (in delta form) if there are any, and says whether it did.
+/// `signing-id` says `ID pending` from before the rewrite until after it, so a crash in
+/// between leaves a state dir that the next mount signs again (`resumed`), with the same id;
+/// then it says `ID`.
+fn sign_on_first_use(
+    state_dir: &std::path::Path,
+    transcript_path: &std::path::Path,
+    loaded: &mut Loaded,
+    signer: &Signer,
+    resumed: bool,
+) -> io::Result<bool> {
+    let records = &loaded.transcript_outcome.records;
+    let signed_before = super::migrate::first_signed(records)
+        .or_else(|| super::migrate::first_signed(&loaded.journal_tail));
+    if let (false, Some((seq, path))) = (resumed, signed_before) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is missing, yet the record with seq {seq} signs {path:?}: the state dir's \
+                 id was removed, and its set-id entries can no longer be checked; nothing was \
+                 mounted. Restore the state dir {} from a backup, or move it aside to start a \
+                 new history",
+                state_dir
+                    .join(crate::transcript::mac::STATE_ID_FILE)
+                    .display(),
+                state_dir.display()
+            ),
+        ));
+    }
+    let to_sign = super::migrate::set_id_entries(records)
+        + super::migrate::set_id_entries(&loaded.journal_tail);
+    // First use means first: a state dir this key began signing before, found again with
+    // set-id entries and no id, had its id (and its MACs) removed. A new, empty one at the
+    // same place signs nothing, so it is fine.
+    let canonical = std::fs::canonicalize(state_dir)?;
+    if let (false, true, Some(key)) = (resumed, to_sign > 0, signer.key())
+        && let Some(old_id) = key.signed_before(&canonical)?
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is missing, but this state dir was signed before (as {old_id}, noted in \
+                     {}): its id was removed, and its {to_sign} set-id entries cannot be \
+                     trusted; nothing was mounted. Restore the state dir from a backup, or move \
+                     it aside to start a new history (if it is a state dir from before signing \
+                     restored here on purpose, remove that line from the list)",
+                state_dir
+                    .join(crate::transcript::mac::STATE_ID_FILE)
+                    .display(),
+                key.signed_list().display()
+            ),
+        ));
+    }
+    let mut id = StateId {
+        id: signer.state_id().to_string(),
+        complete: false,
+    };
+    if let Some(key) = signer.key() {
+        key.remember_signed(&canonical, &id.id)?;
+    }
+    write_state_id(state_dir, &id)?;
+    if to_sign > 0 {
+        let mut records = std::mem::take(&mut loaded.transcript_outcome.records);
+        if super::migrate::has_full_checkpoints(&records) {
+            records = super::migrate::to_delta_form(records);
+        }
+        // The journal's tail goes into the rewritten transcript, signed; the journal is then
+        // covered (its records' seqs are the transcript's), so nothing is re-appended.
+        records.append(&mut loaded.journal_tail);
+        super::migrate::sign_once(&mut records, signer);
+        rewrite_atomically(transcript_path, &records)?;
+    }
+    id.complete = true;
+    write_state_id(state_dir, &id)?;
+    info!(
+        "state dir {}: set-id entries are signed from now on; signed the {to_sign} already \
+         recorded (trusted on first use: the state dir is writable by its owner only)",
+        state_dir.display()
+    );
+    Ok(to_sign > 0)
+}
+
 /// Opens a state dir that no daemon serves, for `log`/`diff`/`status --state-dir`: replays
-/// everything, changes nothing on disk.
+/// everything, changes nothing on disk. Set-id entries' MACs are not checked: nothing here
+/// restores a mode (a rewind needs a mount, whose replay checks them).
 pub fn open_history_readonly(cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let source_fd = open_source(&cfg.source)?;
     let store = Arc::new(Store::open(&cfg.state_dir.join("backups"))?);
-    let loaded = load(&cfg.state_dir, &store)?;
+    let loaded = load(&cfg.state_dir, &store, &|_, _| None)?;
     assemble(cfg, source_fd, store, loaded.state, None)
 }
 
 fn to_io(e: crate::transcript::replay::ReplayError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests write state dirs directly, as an attacker would"
+)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::Write;
+
+    use super::*;
+    use crate::transcript::mac::needs_mac;
+    use crate::transcript::testutil::file_entry;
+
+    const T: &str = "2026-01-02T03:04:05.678Z";
+
+    /// Key `byte`, as if read from `keys/k<byte>/record.key` (its list of signed state dirs
+    /// goes beside it).
+    fn key(keys: &std::path::Path, byte: u8) -> Result<Arc<RecordKey>, String> {
+        let dir = keys.join(format!("k{byte}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = RecordKey::from_bytes([byte; 32], dir.join("record.key"));
+        Ok(Arc::new(key))
+    }
+
+    fn entry(version: u32, object: &str, mode: u32, uid: u32) -> TrackedFileBackup {
+        let mut b = file_entry(version, object, T);
+        let m = b.meta.as_mut().expect("a file entry has meta");
+        (m.mode, m.uid) = (mode, uid);
+        b
+    }
+
+    fn one(path: &str, b: TrackedFileBackup) -> BTreeMap<String, TrackedFileBackup> {
+        BTreeMap::from([(path.to_string(), b)])
+    }
+
+    /// A state dir as a daemon before signing left it: `tool` made setuid (v2 at c0), then
+    /// not any more (v3 at c1). Returns it, a directory for keys, its store and the tool's
+    /// object.
+    fn old_state_dir() -> (tempfile::TempDir, tempfile::TempDir, Store, String) {
+        let (dir, keys) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let store = Store::open(&dir.path().join("backups")).unwrap();
+        let object = store.put_bytes(b"#!/bin/sh\n").unwrap().name;
+        let records = vec![
+            Record::snapshot_update(
+                None,
+                1,
+                T.into(),
+                one("tool", entry(1, &object, 0o755, 1000)),
+            ),
+            Record::checkpoint_delta(
+                "c0",
+                2,
+                T.into(),
+                one("tool", entry(2, &object, 0o4755, 1000)),
+            ),
+            // Changed after c0: v2's repeat, with the setuid mode it had.
+            Record::snapshot_update(
+                Some("c0"),
+                3,
+                T.into(),
+                one("tool", entry(2, &object, 0o4755, 1000)),
+            ),
+            Record::checkpoint_delta(
+                "c1",
+                4,
+                T.into(),
+                one("tool", entry(3, &object, 0o755, 1000)),
+            ),
+        ];
+        rewrite_atomically(&dir.path().join("transcript.jsonl"), &records).unwrap();
+        (dir, keys, store, object)
+    }
+
+    fn transcript(dir: &std::path::Path) -> Vec<Record> {
+        read_transcript(&dir.join("transcript.jsonl"))
+            .unwrap()
+            .records
+    }
+
+    fn append(dir: &std::path::Path, records: &[Record]) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("transcript.jsonl"))
+            .unwrap();
+        for r in records {
+            writeln!(f, "{}", serde_json::to_string(r).unwrap()).unwrap();
+        }
+    }
+
+    /// The issue's attack: a made-up version giving `tool` mode 04755 and uid 0, and a
+    /// checkpoint pointing at it.
+    fn forged(object: &str, mac: Option<String>) -> Vec<Record> {
+        let mut b = entry(4, object, 0o4755, 0);
+        b.mac = mac;
+        vec![
+            Record::snapshot_update(
+                Some("c1"),
+                5,
+                T.into(),
+                one("tool", entry(3, object, 0o755, 1000)),
+            ),
+            Record::checkpoint_delta("evil", 6, T.into(), one("tool", b)),
+        ]
+    }
+
+    #[test]
+    fn an_older_state_dir_is_signed_once_then_checked() {
+        let (dir, keys, store, object) = old_state_dir();
+        let (loaded, signer) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        assert_eq!(loaded.state.checkpoints.len(), 2);
+        let id = read_state_id(dir.path())
+            .unwrap()
+            .expect("signing-id written");
+        assert!(id.complete);
+        assert_eq!(id.id, signer.state_id());
+        let records = transcript(dir.path());
+        let macs: Vec<_> = records
+            .iter()
+            .flat_map(|r| r.snapshot.tracked_file_backups.values())
+            .map(|b| (needs_mac(b.meta.as_ref()), b.mac.is_some()))
+            .collect();
+        assert_eq!(
+            macs,
+            [(false, false), (true, true), (true, true), (false, false)],
+            "both setuid entries signed, no other"
+        );
+        // Exactly once: the next mount checks, and signs nothing.
+        let (_, again) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        assert_eq!(again.state_id(), signer.state_id());
+        assert_eq!(
+            transcript(dir.path()),
+            records,
+            "the transcript is left as it is"
+        );
+        // An unsigned set-id record appended now is no longer trusted.
+        append(dir.path(), &forged(&object, None));
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
+        let msg = e.to_string();
+        assert!(msg.contains("the record with seq 6"), "{msg}");
+        assert!(
+            msg.contains("\"tool\" version 4 has set-id mode 4755 (uid 0"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&format!(
+                "no signature from the record key {}/k7/record.key",
+                keys.path().display()
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains("nothing was mounted"), "{msg}");
+    }
+
+    /// The valid MAC of v2 copied onto the forged v4 (the issue's attack, with a signature
+    /// taken from the history itself): refused, as is a key other than the signer's.
+    #[test]
+    fn a_copied_mac_or_another_key_is_refused() {
+        let (dir, keys, store, object) = old_state_dir();
+        prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        let mac = transcript(dir.path())[1].snapshot.tracked_file_backups["tool"]
+            .mac
+            .clone();
+        assert!(mac.is_some());
+        let e = prepare(dir.path(), &store, key(keys.path(), 8))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("a signature not made by"), "{e}");
+        append(dir.path(), &forged(&object, mac));
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("\"tool\" version 4"), "{e}");
+        assert!(e.to_string().contains("a signature not made by"), "{e}");
+        let e = prepare(dir.path(), &store, Err("no home".into()))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("no record key to check"), "{e}");
+    }
+
+    /// A signing cut short (the id still `pending`) is done again with the same id; an id
+    /// removed from a signed state dir is not taken for an older state dir.
+    #[test]
+    fn an_interrupted_signing_resumes_and_a_removed_id_is_refused() {
+        let (dir, keys, store, _) = old_state_dir();
+        prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        let mut id = read_state_id(dir.path()).unwrap().unwrap();
+        id.complete = false;
+        write_state_id(dir.path(), &id).unwrap();
+        let (_, signer) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        assert_eq!(signer.state_id(), id.id);
+        assert!(read_state_id(dir.path()).unwrap().unwrap().complete);
+        std::fs::remove_file(dir.path().join("signing-id")).unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("the state dir's id was removed"),
+            "{e}"
+        );
+    }
+
+    /// Write access to a signed state dir is not enough to have it signed again: with its id
+    /// and every MAC stripped and a forged set-id record added, it looks like a state dir
+    /// from before signing, but the key's list says it was signed, so it is refused. A new,
+    /// empty state dir at the same place is a new history and is signed as usual.
+    #[test]
+    fn a_state_dir_stripped_of_its_id_and_macs_is_not_signed_again() {
+        let (dir, keys, store, object) = old_state_dir();
+        prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        let mut records = transcript(dir.path());
+        for r in &mut records {
+            for b in r.snapshot.tracked_file_backups.values_mut() {
+                b.mac = None;
+            }
+        }
+        records.extend(forged(&object, None));
+        rewrite_atomically(&dir.path().join("transcript.jsonl"), &records).unwrap();
+        std::fs::remove_file(dir.path().join("signing-id")).unwrap();
+        let e = prepare(dir.path(), &store, key(keys.path(), 7))
+            .err()
+            .unwrap();
+        let msg = e.to_string();
+        assert!(msg.contains("this state dir was signed before"), "{msg}");
+        assert!(msg.contains("signed-state-dirs"), "{msg}");
+        assert!(
+            read_state_id(dir.path()).unwrap().is_none(),
+            "nothing signed"
+        );
+        assert_eq!(transcript(dir.path()), records, "nothing rewritten");
+
+        // Moved aside, and a new history started in its place.
+        std::fs::remove_file(dir.path().join("transcript.jsonl")).unwrap();
+        let (loaded, signer) = prepare(dir.path(), &store, key(keys.path(), 7)).unwrap();
+        assert!(loaded.state.paths.is_empty());
+        assert_eq!(
+            read_state_id(dir.path()).unwrap().unwrap().id,
+            signer.state_id()
+        );
+    }
 }

@@ -467,7 +467,7 @@ impl History {
         let mut backups = BTreeMap::new();
         backups.insert(rel.to_string(), backup_of(version, v, actor, fill));
         let message = st.current_message();
-        let record = Record::snapshot_update(
+        let mut record = Record::snapshot_update(
             message.as_deref(),
             st.next_seq,
             rfc3339(SystemTime::now()),
@@ -478,6 +478,7 @@ impl History {
         // written, the change must not go ahead. Syncing is left to the caller, which does it
         // with the state unlocked.
         let rec = self.recorder()?;
+        rec.signer.sign_record(&mut record);
         rec.journal.append(&record, false)?;
         rec.transcript.append(record);
         Ok(self.sync_needed(fresh_content))

@@ -3,6 +3,7 @@
 //! The format is documented in docs/transcript-format.md.
 mod fsutil;
 pub mod journal;
+pub mod mac;
 pub mod record;
 pub mod replay;
 #[cfg(test)]

@@ -79,6 +79,11 @@ pub struct TrackedFileBackup {
     /// path did not change (replay must not mark it changed since the checkpoint).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fill: bool,
+    /// Extra: only on entries whose `meta` has set-id bits that can raise privilege (see
+    /// [`super::mac::needs_mac`]): the HMAC-SHA256, in hex, of the entry under the mounting
+    /// user's record key ([`super::mac`]). Replay refuses such an entry without a valid one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,6 +25,7 @@ fn file_backup(version: u32) -> TrackedFileBackup {
         pending: false,
         actor: None,
         fill: false,
+        mac: None,
     }
 }
 
@@ -47,6 +48,7 @@ pub(crate) fn file_entry(version: u32, object: &str, time: &str) -> TrackedFileB
         pending: false,
         actor: None,
         fill: false,
+        mac: None,
     }
 }
 

@@ -682,3 +682,12 @@ pub fn logged_checkpoints(log: &serde_json::Value) -> Vec<LoggedCheckpoint> {
         })
         .collect()
 }
+
+/// STATE/transcript.jsonl's records, as JSON values.
+pub fn transcript_records(state: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(state.join("transcript.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

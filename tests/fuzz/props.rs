@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use checkpointfs::control::{MAX_REQUEST, parse_request};
 use checkpointfs::ids::{CtlLine, MAX_CTL_LINE, take_ctl_lines, validate_id};
 use checkpointfs::transcript::journal::{JOURNAL_FILE_NAME, Journal};
+use checkpointfs::transcript::mac::{RecordKey, Signer};
 use checkpointfs::transcript::replay::read_transcript;
 
 /// A number below `n` (at least 1) that the input picks: its FNV-1a hash.
@@ -83,7 +84,15 @@ pub fn check_transcript(input: &[u8]) -> bool {
             assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs {seqs:?}");
             // Some objects present, some missing, decided by name.
             let mut has_object = |name: &str| !name.starts_with('0');
-            match checkpointfs::history::replay_for_fuzzing(&outcome.records, &mut has_object) {
+            // A fixed key: a set-id entry the input did not sign with it is refused.
+            let key = RecordKey::from_bytes([7; 32], "fuzz/record.key".into());
+            let signer = Signer::new(Ok(std::sync::Arc::new(key)), "0".repeat(32));
+            let check = |path: &str, b: &_| signer.check(path, b);
+            match checkpointfs::history::replay_for_fuzzing(
+                &outcome.records,
+                &mut has_object,
+                &check,
+            ) {
                 Ok(_) => true,
                 Err(why) => {
                     assert!(!why.is_empty(), "replay refused with no reason");
