@@ -18,6 +18,7 @@ use fuser::{FileType, TimeOrNow};
 use log::info;
 
 use crate::fs::inodes::ROOT_INO;
+use crate::fs::virt::file_type_of;
 use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
 use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
@@ -677,18 +678,6 @@ impl Drop for Looked<'_> {
 
 fn is_errno(e: &io::Error, code: i32) -> bool {
     e.raw_os_error() == Some(code)
-}
-
-fn file_type_of(kind: EntryKind) -> FileType {
-    match kind {
-        EntryKind::File => FileType::RegularFile,
-        EntryKind::Dir => FileType::Directory,
-        EntryKind::Symlink => FileType::Symlink,
-        EntryKind::Fifo => FileType::NamedPipe,
-        EntryKind::Socket => FileType::Socket,
-        EntryKind::CharDevice => FileType::CharDevice,
-        EntryKind::BlockDevice => FileType::BlockDevice,
-    }
 }
 
 impl<'a> Changer<'a> {
