@@ -437,19 +437,31 @@ impl Drop for DirStream {
 ///
 /// setfsuid/setfsgid are per-thread at the syscall level, which is what we want: each FUSE
 /// worker thread switches only itself. A daemon that is not root cannot switch (a no-op).
+/// A switch to the ids the thread has already costs no syscall: [`FsCredsGuard::as_daemon`]
+/// runs on every gated change, nearly always on a thread that is the daemon already.
 pub struct FsCredsGuard {
     /// The thread's fs ids before the switch, if it switched.
     previous: Option<(u32, u32)>,
 }
 
+thread_local! {
+    /// The fs ids this thread runs with, as the guards set them: (0, 0), the daemon's own
+    /// (root's), until a guard switches. Nothing else changes them on a thread that uses
+    /// guards ([`act_as_user_on_this_thread`]'s thread only checks a path and ends).
+    static FS_IDS: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
 impl FsCredsGuard {
     pub fn switch(uid: u32, gid: u32) -> FsCredsGuard {
+        let current = FS_IDS.get();
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if current == (uid, gid) || unsafe { libc::geteuid() } != 0 {
             return FsCredsGuard { previous: None };
         }
+        set_fs_ids(uid, gid);
+        FS_IDS.set((uid, gid));
         FsCredsGuard {
-            previous: Some(set_fs_ids(uid, gid)),
+            previous: Some(current),
         }
     }
 
@@ -461,33 +473,31 @@ impl FsCredsGuard {
     }
 }
 
-/// Sets this thread's fs gid then uid (gid first: after dropping fsuid 0 the gid could no
-/// longer change) and returns the ids it had. setfsuid/setfsgid return the previous id.
+/// Sets this thread's fs ids: fsuid first when going back to root (its file capabilities
+/// return with it), gid first otherwise.
 #[allow(
     clippy::disallowed_methods,
     reason = "setfsgid/setfsuid: this thread's filesystem ids, no change to any file"
 )]
-fn set_fs_ids(uid: u32, gid: u32) -> (u32, u32) {
+fn set_fs_ids(uid: u32, gid: u32) {
     // SAFETY: raw syscalls on this thread's credentials; any id is accepted (an id the
     // thread may not take leaves it unchanged).
     unsafe {
-        // Setting fsuid 0 first when going back to root, so that the gid change is allowed.
         if uid == 0 {
-            let prev_uid = libc::syscall(libc::SYS_setfsuid, uid) as u32;
-            let prev_gid = libc::syscall(libc::SYS_setfsgid, gid) as u32;
-            (prev_uid, prev_gid)
+            libc::syscall(libc::SYS_setfsuid, uid);
+            libc::syscall(libc::SYS_setfsgid, gid);
         } else {
-            let prev_gid = libc::syscall(libc::SYS_setfsgid, gid) as u32;
-            let prev_uid = libc::syscall(libc::SYS_setfsuid, uid) as u32;
-            (prev_uid, prev_gid)
+            libc::syscall(libc::SYS_setfsgid, gid);
+            libc::syscall(libc::SYS_setfsuid, uid);
         }
     }
 }
 
 impl Drop for FsCredsGuard {
     fn drop(&mut self) {
-        if let Some((uid, gid)) = self.previous {
-            set_fs_ids(uid, gid);
+        if let Some(ids) = self.previous {
+            set_fs_ids(ids.0, ids.1);
+            FS_IDS.set(ids);
         }
     }
 }

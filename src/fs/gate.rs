@@ -163,23 +163,7 @@ impl Gate {
         name: &'g CStr,
         is_dir: bool,
     ) -> io::Result<EntryPermit<'g>> {
-        let mut admission = self.admit();
-        if let Some(rel) = self.rel_child(parent, name)? {
-            debug!(
-                "gate: {} adds/removes {:?}",
-                caller,
-                String::from_utf8_lossy(&rel)
-            );
-            self.history.before_change(caller, &rel, Some(is_dir))?;
-            self.note_rules_dependency(&mut admission.rules_touched, rel, false);
-        }
-        Ok(EntryPermit {
-            admission,
-            dir: parent.fd()?,
-            name,
-            is_dir,
-            leaving: None,
-        })
+        self.issue_entry_permit(caller, parent, name, is_dir, false)
     }
 
     /// The permit to unlink `name` (not a directory) in `parent`: as
@@ -192,22 +176,38 @@ impl Gate {
         parent: &'g Inode,
         name: &'g CStr,
     ) -> io::Result<EntryPermit<'g>> {
+        self.issue_entry_permit(caller, parent, name, false, true)
+    }
+
+    fn issue_entry_permit<'g>(
+        &'g self,
+        caller: &Caller,
+        parent: &'g Inode,
+        name: &'g CStr,
+        is_dir: bool,
+        removal: bool,
+    ) -> io::Result<EntryPermit<'g>> {
         let mut admission = self.admit();
         let mut leaving = None;
         if let Some(rel) = self.rel_child(parent, name)? {
             debug!(
-                "gate: {} removes {:?}",
+                "gate: {} {} {:?}",
                 caller,
+                if removal { "removes" } else { "adds/removes" },
                 String::from_utf8_lossy(&rel)
             );
-            leaving = self.history.before_removal(caller, &rel, Some(false))?;
+            if removal {
+                leaving = self.history.before_removal(caller, &rel, Some(is_dir))?;
+            } else {
+                self.history.before_change(caller, &rel, Some(is_dir))?;
+            }
             self.note_rules_dependency(&mut admission.rules_touched, rel, false);
         }
         Ok(EntryPermit {
             admission,
             dir: parent.fd()?,
             name,
-            is_dir: false,
+            is_dir,
             leaving,
         })
     }
@@ -375,8 +375,6 @@ impl Gate {
     }
 }
 
-/// `via` if it is a handle on `inode` (a setattr names the handle it came through), else
-/// `EBADF`: a permit acts on its own target only.
 /// Tells a backup linked into the store whether the file really left SRC.
 fn settle(backup: LinkedObject<'_>, result: &io::Result<()>) {
     // The store is the daemon's, also when the removal was made as another user.
@@ -387,6 +385,8 @@ fn settle(backup: LinkedObject<'_>, result: &io::Result<()>) {
     }
 }
 
+/// `via` if it is a handle on `inode` (a setattr names the handle it came through), else
+/// `EBADF`: a permit acts on its own target only.
 fn handle_on<'h>(inode: &Inode, via: Option<&'h FileHandle>) -> io::Result<Option<&'h FileHandle>> {
     match via {
         Some(h) if h.inode.ino != inode.ino => Err(errno(libc::EBADF)),

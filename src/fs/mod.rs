@@ -690,23 +690,6 @@ impl PassthroughFs {
         flags: i32,
         make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> io::Result<Opened> {
-        self.open_with(caller, ino, flags, Some(make_backing))
-    }
-
-    /// OPEN for the daemon's own use (a rewind writing a file back): as
-    /// [`PassthroughFs::open`], never with a kernel backing file, since no kernel open is
-    /// behind it.
-    pub fn open_unbacked(&self, caller: &Caller, ino: u64, flags: i32) -> io::Result<Opened> {
-        self.open_with(caller, ino, flags, None)
-    }
-
-    fn open_with(
-        &self,
-        caller: &Caller,
-        ino: u64,
-        flags: i32,
-        make_backing: Option<MakeBacking<'_>>,
-    ) -> io::Result<Opened> {
         if virt::is_virtual(ino) {
             return self.virt.open(self, ino, flags);
         }
@@ -727,7 +710,7 @@ impl PassthroughFs {
             (HandleFd::ReadOnly(fd), false)
         };
         drop(path);
-        self.finish_open(pin, fd, flags, writes_rules, make_backing)
+        self.finish_open(pin, fd, flags, writes_rules, Some(make_backing))
     }
 
     /// `writes_rules`: the gate found the file to be one the exclusion rules are read from

@@ -362,13 +362,12 @@ impl History {
                     let mut linked = None;
                     let captured = if open_fill {
                         self.capture_open(rel)
-                    } else if how == Capture::Leaving {
-                        self.capture_leaving(rel).map(|(state, wrote, l)| {
-                            linked = l;
-                            (state, wrote)
-                        })
                     } else {
-                        self.capture(rel)
+                        self.capture_as(rel, how == Capture::Leaving)
+                            .map(|(state, wrote, l)| {
+                                linked = l;
+                                (state, wrote)
+                            })
                     };
                     // A linked object's file can no longer change (its lease): the path need
                     // not stay busy while the caller removes it.
@@ -570,49 +569,42 @@ impl History {
         Ok(meta_of(&sys::fstat(fd.as_fd())?))
     }
 
-    /// [`History::capture`] of a path about to leave SRC: a regular file is linked into the
-    /// store when it can be (store invariant 6), and the linked object comes back with it.
+    /// The current state of `rel` in SRC, content copied into the store. The bool says
+    /// whether the store was written (so the record must be synced with it).
+    pub(crate) fn capture(&self, rel: &str) -> io::Result<(VersionState, bool)> {
+        self.capture_as(rel, false)
+            .map(|(state, wrote, _)| (state, wrote))
+    }
+
+    /// [`History::capture`]; with `leaving` (the path is about to leave SRC) a regular file
+    /// is linked into the store when it can be (store invariant 6), and the linked object
+    /// comes back with it.
     #[allow(clippy::type_complexity)]
-    fn capture_leaving(
+    fn capture_as(
         &self,
         rel: &str,
+        leaving: bool,
     ) -> io::Result<(VersionState, bool, Option<LinkedObject<'_>>)> {
         let Some(fd) = self.open_existing(rel)? else {
             return Ok((VersionState::Absent, false, None));
         };
         let st = sys::fstat(fd.as_fd())?;
-        let Some(mut meta) = meta_of(&st).filter(|m| m.kind == EntryKind::File) else {
-            drop(fd);
-            return self.capture(rel).map(|(state, wrote)| (state, wrote, None));
-        };
-        let file = File::from(sys::reopen_for_reading(fd.as_raw_fd(), 0)?);
-        let (object, linked) = match self.store.put_by_link(file)? {
-            LinkPut::Copy(file) => (self.store.put_file(&file)?, None),
-            LinkPut::Stored(object) => (object, None),
-            LinkPut::Linked(linked) => (linked.object().clone(), Some(linked)),
-        };
-        meta.size = object.size;
-        let state = VersionState::Present {
-            meta,
-            object: Some(object.name),
-        };
-        Ok((state, true, linked))
-    }
-
-    /// The current state of `rel` in SRC, content copied into the store. The bool says
-    /// whether the store was written (so the record must be synced with it).
-    pub(crate) fn capture(&self, rel: &str) -> io::Result<(VersionState, bool)> {
-        let Some(fd) = self.open_existing(rel)? else {
-            return Ok((VersionState::Absent, false));
-        };
-        let st = sys::fstat(fd.as_fd())?;
         let Some(mut meta) = meta_of(&st) else {
-            return Ok((VersionState::Absent, false));
+            return Ok((VersionState::Absent, false, None));
         };
+        let mut linked = None;
         let object = match meta.kind {
             EntryKind::File => {
                 let file = File::from(sys::reopen_for_reading(fd.as_raw_fd(), 0)?);
-                let obj = self.store.put_file(&file)?;
+                let obj = if leaving {
+                    match self.store.put_by_link(file)? {
+                        LinkPut::Copy(file) => self.store.put_file(&file)?,
+                        LinkPut::Stored(obj) => obj,
+                        LinkPut::Linked(l) => linked.insert(l).object().clone(),
+                    }
+                } else {
+                    self.store.put_file(&file)?
+                };
                 meta.size = obj.size;
                 Some(obj.name)
             }
@@ -624,6 +616,6 @@ impl History {
             _ => None,
         };
         let wrote = object.is_some();
-        Ok((VersionState::Present { meta, object }, wrote))
+        Ok((VersionState::Present { meta, object }, wrote, linked))
     }
 }

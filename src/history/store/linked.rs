@@ -92,26 +92,22 @@ impl Store {
             return Ok(LinkPut::Copy(lease.release()));
         }
         let name = hex(&hasher.finalize());
-        if self.contains(&name) {
-            return Ok(LinkPut::Stored(StoredObject {
+        let stored_already = |name| {
+            Ok(LinkPut::Stored(StoredObject {
                 name,
                 size,
                 reused: true,
                 method: CopyMethod::Existing,
-            }));
+            }))
+        };
+        if self.contains(&name) {
+            return stored_already(name);
         }
         let cname = object_cname(&name)?;
         match link_into(lease.file(), &self.dir_fd, &cname) {
             Ok(()) => {}
             // Stored meanwhile by another put of the same content.
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                return Ok(LinkPut::Stored(StoredObject {
-                    name,
-                    size,
-                    reused: true,
-                    method: CopyMethod::Existing,
-                }));
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return stored_already(name),
             // EXDEV, EPERM (protected_hardlinks), EMLINK...: copy instead.
             Err(e) => {
                 log::debug!("store: cannot link a backup into the store ({e}); copying it");
@@ -137,19 +133,19 @@ impl Store {
 /// `linkat` of an open file into `dir` as `name`, through its /proc link (AT_EMPTY_PATH
 /// would need CAP_DAC_READ_SEARCH).
 fn link_into(file: &File, dir: &File, name: &CString) -> io::Result<()> {
-    let mut buf = [0u8; 32];
-    let path = sys::proc_fd_path(&mut buf, file.as_raw_fd());
-    // SAFETY: valid fds and NUL-terminated paths; linkat does not retain them.
-    sys::cvt(unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    })?;
-    Ok(())
+    sys::with_proc_path(file.as_raw_fd(), |path| {
+        // SAFETY: valid fds and NUL-terminated paths; linkat does not retain them.
+        sys::cvt(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        })?;
+        Ok(())
+    })
 }
 
 impl LinkedObject<'_> {
@@ -209,12 +205,8 @@ impl LinkedObject<'_> {
     }
 
     /// The removal failed and the file stays in SRC: the object must stop sharing its inode
-    /// (L4).
-    pub fn kept(mut self) {
-        if let Some(lease) = self.lease.take() {
-            self.replace_by_copy(lease);
-        }
-    }
+    /// (L4). Dropping the object does that.
+    pub fn kept(self) {}
 
     /// L4: a verified copy replaces the linked object, read while `lease` still holds the
     /// content.
