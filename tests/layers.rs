@@ -9,35 +9,32 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 
-/// Top to bottom. A module may use the modules of the layers below its own, never its own
-/// layer's or one above.
+/// Top to bottom: the layer table of docs/design.md, one folder (or `rewind.rs`) a
+/// module. A module may use the modules of the layers below its own, never its own layer's
+/// or one above.
 const LAYERS: &[&[&str]] = &[
-    // the command line: clap definitions and dispatch
+    // the command line: clap definitions, dispatch, rendering, exit statuses
     &["cli"],
-    // what the subcommands do
-    &[
-        "commands",
-        "manuals",
-        "install_hook",
-        "mount_validation",
-        "spawn",
-    ],
-    // one mount's daemon; unmounting one
-    &["daemon", "unmount"],
-    // the daemon's control socket; the watchdog process; the record of mounts
-    &["control", "watchdog", "registry"],
-    // rewind (drives the mount through the core), the FUSE adapter, mounting through
-    // fusermount3, mount settings, rendering the history's reports
-    &["rewind", "fuse_adapter", "fusermount", "settings", "report"],
-    // the passthrough core and the mutation gate
+    // mounting and serving: validation, options, spawn, daemon, unmount, watchdog, registry,
+    // the control socket
+    &["mount"],
+    // the FUSE wire; a rewind's plan executed through the core; (reserved) the remote store
+    &["transport", "rewind", "remote"],
+    // the passthrough core, the virtual .checkpoint/ tree, the mutation gate
     &["fs"],
-    // the file-history system; kernel mount options
-    &["history", "mount_options"],
-    // Layer 3, the transcript; the mount table; the state dir's lock
-    &["transcript", "mountinfo", "state_lock"],
-    // leaves: syscall helpers, checkpoint ids, durability modes, state-dir files, exit codes
-    &["sys", "ids", "durability", "state_dir", "exit_status"],
+    // the file-history system: Layer 1, checkpoints, store, views, gc, reports' facts
+    &["history"],
+    // Layer 3, the transcript
+    &["transcript"],
+    // the state dir
+    &["state"],
+    // syscall helpers
+    &["sys"],
 ];
+
+/// The files allowed at the top of `src/`: the entry points, and `rewind.rs` (a layer of
+/// one module). Everything else lives in its layer's folder.
+const TOP_LEVEL_FILES: &[&str] = &["lib.rs", "main.rs", "rewind.rs"];
 
 /// The top-level modules named as `crate::NAME` in `text`, outside comments and the
 /// `#[cfg(test)]` module (tests may reach anywhere).
@@ -145,10 +142,38 @@ fn modules_import_only_from_lower_layers() {
 }
 
 #[test]
+fn src_holds_only_layer_folders_and_the_listed_files() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let extra: Vec<&String> = files
+        .iter()
+        .filter(|f| !TOP_LEVEL_FILES.contains(&f.as_str()))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "files at the top of src/ outside any layer's folder: {extra:?}"
+    );
+    for layer in LAYERS.iter().flat_map(|l| l.iter()) {
+        let folder = src.join(layer);
+        let file = src.join(format!("{layer}.rs"));
+        assert!(
+            folder.join("mod.rs").is_file() || file.is_file(),
+            "layer {layer} has neither src/{layer}/mod.rs nor src/{layer}.rs"
+        );
+    }
+}
+
+#[test]
 fn the_import_scanner_sees_paths_and_skips_comments_and_tests() {
     let text = "use crate::fs::PassthroughFs;\n\
                 let x = crate::sys::fstat(fd); // crate::cli::nope\n\
-                /// [`crate::daemon`] in a doc comment\n\
+                /// [`crate::mount::daemon`] in a doc comment\n\
                 #[cfg(test)]\nmod tests { use crate::cli::Cli; }\n";
     let found: Vec<String> = imports(text).into_iter().collect();
     assert_eq!(found, ["fs", "sys"]);

@@ -16,7 +16,7 @@ use common::{TestMount, checkpoint, cli, is_mount_point, process_alive, reap, st
 
 const BIN: &str = env!("CARGO_BIN_EXE_checkpointfs");
 
-/// The watchdog's bound for a stopped daemon (src/watchdog.rs `STOPPED_BOUND`), plus its
+/// The watchdog's bound for a stopped daemon (src/mount/watchdog.rs `STOPPED_BOUND`), plus its
 /// poll interval and slack for a loaded machine.
 const STOPPED_BOUND: Duration = Duration::from_secs(10);
 const SLACK: Duration = Duration::from_secs(5);

@@ -1,6 +1,6 @@
 //! The passthrough core: every FUSE operation as a plain method returning `io::Result`.
 //!
-//! The core knows nothing about the FUSE wire protocol (that is [`crate::fuse_adapter`]);
+//! The core knows nothing about the FUSE wire protocol (that is [`crate::transport::adapter`]);
 //! it maps FUSE inode numbers and handles to fds on SRC ([`inodes`], [`handles`]), sends
 //! every change through the [`gate`], and serves the virtual `.checkpoint/` tree ([`virt`]).
 //!
@@ -37,12 +37,25 @@ pub struct FsConfig {
     pub passthrough: bool,
     pub state_dir: std::path::PathBuf,
     pub mountpoint: std::path::PathBuf,
-    /// The kernel mount options the mount was made with (a later `mount -o remount` may
-    /// have changed ro/rw since: see [`crate::mount_options::mounted_read_only`]).
-    pub options: crate::mount_options::MountOptions,
+    /// What the core needs of the kernel mount options the mount was made with.
+    pub options: MountFacts,
     /// The normal user a root daemon mounts for (`--owner`): only that user's processes may
     /// use the mount (the kernel checks), and the control socket is theirs.
     pub owner: Option<crate::sys::UserIds>,
+}
+
+/// What the core needs of the kernel mount options the mount was made with (parsed and
+/// applied by the mount layer): the one it honours itself, and what reports show. A later
+/// `mount -o remount` may have changed ro/rw since; the mount table says what holds now.
+#[derive(Debug, Clone)]
+pub struct MountFacts {
+    /// The options as a `-o` list (`rw,nodev,nosuid,exec,atime`), for `status`.
+    pub list: String,
+    /// Made read-only (`-o ro`).
+    pub read_only: bool,
+    /// `strictatime`: every read must update atime in SRC, so what the daemon reads for
+    /// the kernel is not kept in the page cache across opens.
+    pub strict_atime: bool,
 }
 
 /// A looked-up entry: the kernel adds one lookup for every `Entry` it receives.
@@ -112,7 +125,7 @@ pub struct PassthroughFs {
     /// Why kernel passthrough is off; set once, when it goes off (or at start).
     passthrough_off: std::sync::OnceLock<String>,
     mountpoint: std::path::PathBuf,
-    mount_options: crate::mount_options::MountOptions,
+    mount_options: MountFacts,
     owner: Option<crate::sys::UserIds>,
     /// The mount's device number (major, minor), from the kernel's mount table right after
     /// the mount; a rewind checks its root against it (see `history::rewind`).
@@ -159,7 +172,7 @@ impl PassthroughFs {
     pub fn new(root: OwnedFd, history: Arc<History>, cfg: FsConfig) -> io::Result<PassthroughFs> {
         // The kernel's spelling of the root's path, which the gate strips from every
         // object's: SRC's path, or "/" when SRC is opened from a private clone of its mount
-        // (mount attributes such as noatime, see mount_options.rs).
+        // (mount attributes such as noatime, see mount/options.rs).
         let src_prefix = match sys::fd_path(root.as_raw_fd()) {
             Ok(Some(path)) => path,
             _ => history.source().as_os_str().as_bytes().to_vec(),
@@ -227,7 +240,7 @@ impl PassthroughFs {
     }
 
     /// The mount point and the options the mount was made with.
-    pub fn mount_info(&self) -> (&std::path::Path, &crate::mount_options::MountOptions) {
+    pub fn mount_info(&self) -> (&std::path::Path, &MountFacts) {
         (&self.mountpoint, &self.mount_options)
     }
 
@@ -736,8 +749,7 @@ impl PassthroughFs {
         // The kernel's page cache across opens, when the daemon serves the reads: a read it
         // answers never reaches SRC, so under `strictatime` (every read updates atime) each
         // open starts uncached instead.
-        let keep_cache =
-            backing.is_none() && self.mount_options.atime != crate::mount_options::Atime::Strict;
+        let keep_cache = backing.is_none() && !self.mount_options.strict_atime;
         let fh = self.handles.insert(Handle::File(FileHandle::new(
             fd,
             inode,

@@ -27,8 +27,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{FileAttr, FileType, INodeNo};
 
 use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
+use crate::history::ids::{CtlError, CtlLine, take_ctl_lines};
 use crate::history::{Caller, ViewEntry};
-use crate::ids::{CtlError, CtlLine, take_ctl_lines};
 use crate::sys::errno;
 use crate::transcript::record::EntryKind;
 
@@ -84,7 +84,7 @@ enum VirtualHandle {
 /// What an open `ctl` holds between writes.
 #[derive(Default)]
 struct CtlState {
-    /// The unterminated rest of the data taken so far (see [`crate::ids::take_ctl_lines`]),
+    /// The unterminated rest of the data taken so far (see [`crate::history::ids::take_ctl_lines`]),
     /// taken as the last line when the file is closed.
     pending: Vec<u8>,
     /// The offset up to which data was taken.

@@ -568,6 +568,13 @@ fn globs_of(pattern: &str) -> io::Result<Vec<globset::Glob>> {
     Ok(out)
 }
 
+/// Checks that `pattern` is a glob the matchers accept (`--exclude`, `--exclude-from`).
+pub fn check_glob(pattern: &str) -> Result<(), String> {
+    globset::Glob::new(pattern)
+        .map(|_| ())
+        .map_err(|e| format!("invalid glob: {e}"))
+}
+
 #[cfg(test)]
 #[allow(
     clippy::disallowed_methods,

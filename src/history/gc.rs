@@ -573,7 +573,7 @@ fn adopt(st: &mut State, mut replayed: State, shift: usize) {
 }
 
 /// gc of a state dir no daemon serves. The caller holds the state lock
-/// ([`crate::state_lock::StateLock`]), so no mount can start meanwhile.
+/// ([`crate::state::lock::StateLock`]), so no mount can start meanwhile.
 pub fn gc_state_dir(
     state_dir: &Path,
     retention: Retention,

@@ -1,7 +1,7 @@
 //! The facts behind `checkpointfs log` and `checkpointfs diff`.
 //!
 //! Each report is computed once into a serializable model ([`LogReport`], [`DiffReport`]);
-//! [`crate::report`] renders the human text and the JSON (documented in
+//! [`crate::cli::render`] renders the human text and the JSON (documented in
 //! docs/json-output.md) from it, so they always carry the same facts. Nothing here renders.
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::History;
-use super::report::{ChangeKind, Point};
+use super::changes::{ChangeKind, Point};
 use super::store::object_name;
 use super::view::{ViewContent, ViewEntry};
 use crate::transcript::record::{EntryKind, FILE_HISTORY_SNAPSHOT, rfc3339};
@@ -200,6 +200,13 @@ pub struct LogChange {
     pub after: Option<EntryFacts>,
 }
 
+/// A report's JSON document: what `--json` prints, and what the daemon sends the CLI.
+pub fn json_document<T: Serialize>(report: &T) -> io::Result<String> {
+    let mut s = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
+    s.push('\n');
+    Ok(s)
+}
+
 impl History {
     /// (epoch, path) → who changed it, from the transcript. Epoch k is the time between
     /// checkpoint k-1 and checkpoint k (0: before the first).
@@ -313,9 +320,9 @@ impl History {
         span: &Span,
         slot: &BTreeMap<String, Attributed>,
         changers: &BTreeMap<(usize, String), Changers>,
-        index: &super::report::VersionIndex,
+        index: &super::changes::VersionIndex,
     ) -> io::Result<Vec<LogChange>> {
-        let mut picked: BTreeMap<String, (super::report::Change, Option<&Changers>)> =
+        let mut picked: BTreeMap<String, (super::changes::Change, Option<&Changers>)> =
             BTreeMap::new();
         for (path, change) in self.changes_with(index, span.from, span.until)? {
             let here = slot.get(&path);
@@ -687,6 +694,35 @@ impl History {
             deletions: files.iter().map(|f| f.deletions).sum(),
             files,
         })
+    }
+
+    /// [`History::diff_report`], and with `session` only the paths that agent session
+    /// changed between the two points.
+    pub fn diff_report_of(
+        &self,
+        from: &str,
+        to: Option<&str>,
+        with_patch: bool,
+        session: Option<&str>,
+    ) -> io::Result<DiffReport> {
+        let mut report = self.diff_report(from, to, with_patch)?;
+        if let Some(s) = session {
+            let k = |id: &str| {
+                self.checkpoint_index(id).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("no checkpoint named '{id}' (see: checkpointfs log MNT)"),
+                    )
+                })
+            };
+            let until = to.map(k).transpose()?;
+            let theirs = self.session_changes_between(k(from)?, until, s)?;
+            report.files.retain(|f| theirs.contains_key(&f.path));
+            report.files_changed = report.files.len();
+            report.insertions = report.files.iter().map(|f| f.insertions).sum();
+            report.deletions = report.files.iter().map(|f| f.deletions).sum();
+        }
+        Ok(report)
     }
 
     fn file_diff(

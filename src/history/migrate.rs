@@ -12,7 +12,7 @@
 //! Transcript format 3: signed set-id entries ([`crate::transcript::mac`]). A state dir
 //! without `STATE/signing-id` predates them: its set-id entries carry no MAC. Policy: trust
 //! on first use. The first daemon that mounts it (and so has just checked that nobody else
-//! can write it, `crate::state_dir::secure`) replays it with every other check, signs its
+//! can write it, `crate::state::dir::secure`) replays it with every other check, signs its
 //! set-id entries once ([`sign_once`]), rewrites the transcript atomically and only then
 //! writes `signing-id`; from then on every set-id entry needs a valid MAC. A state dir with
 //! no `signing-id` whose records carry MACs had its id removed, and is refused instead.

@@ -40,6 +40,7 @@
 //! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
 //! and never one inside the other.
 pub mod agent_state;
+pub mod changes;
 mod checkpoint;
 pub mod epoch;
 pub mod exclusions;
@@ -48,13 +49,18 @@ pub mod exclusions;
     reason = "removes gc's own leftover temp files in STATE, never SRC"
 )]
 pub mod gc;
+pub mod ids;
 pub mod logdiff;
 mod migrate;
 pub mod model;
 mod open;
 mod open_files;
 mod process;
-pub mod report;
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the settings file in STATE, never SRC"
+)]
+pub mod settings;
 pub mod status;
 #[allow(
     clippy::disallowed_methods,
@@ -72,7 +78,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::durability::Durability;
+use crate::state::durability::Durability;
 use crate::transcript::journal::Journal;
 use crate::transcript::writer::TranscriptWriter;
 use exclusions::{ExclusionConfig, Exclusions, Verdict};

@@ -11,7 +11,7 @@ use log::{info, warn};
 use super::model::{apply_record, impossible};
 use super::store::{Store, SyncPolicy};
 use super::{History, HistoryConfig, State};
-use crate::durability::Durability;
+use crate::state::durability::Durability;
 use crate::sys::open_source;
 use crate::transcript::journal::Journal;
 use crate::transcript::mac::{

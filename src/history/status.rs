@@ -1,7 +1,7 @@
 //! `checkpointfs status`: where the history is, how big it is, what is excluded from it, and
 //! for one path whether and why it is tracked. One [`StatusReport`] gives both the text and
 //! the JSON (`checkpointfs.status/1`, documented in docs/json-output.md), both rendered by
-//! [`crate::report`], so the two always carry the same facts.
+//! [`crate::cli::render`], so the two always carry the same facts.
 use std::fmt::Write as _;
 use std::io;
 

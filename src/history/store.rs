@@ -386,7 +386,7 @@ impl Store {
 
     /// Fsyncs the store directory (makes earlier [`Store::remove`]s durable).
     pub fn sync(&self) -> io::Result<()> {
-        crate::durability::sync_file(&self.dir_fd, false)
+        crate::state::durability::sync_file(&self.dir_fd, false)
     }
 
     /// Makes every object put so far durable, and the directory, with one `syncfs` of the
@@ -394,7 +394,7 @@ impl Store {
     pub fn sync_filesystem(&self) -> io::Result<()> {
         let taken = std::mem::take(&mut *self.lock_unsynced());
         let packs = self.packs.take_unsynced();
-        crate::durability::syncfs(&self.dir_fd).inspect_err(|_| {
+        crate::state::durability::syncfs(&self.dir_fd).inspect_err(|_| {
             self.put_back(taken);
             self.packs.put_back(packs);
         })
@@ -411,11 +411,11 @@ impl Store {
         }
         let synced = (|| {
             if taken.len() > SYNCFS_THRESHOLD {
-                return crate::durability::syncfs(&self.dir_fd);
+                return crate::state::durability::syncfs(&self.dir_fd);
             }
             // One fdatasync per pack written, however many objects it got.
             for file in &packs.files {
-                crate::durability::sync_file(file, true)?;
+                crate::state::durability::sync_file(file, true)?;
             }
             if taken.is_empty() && !packs.new_name {
                 return Ok(());
@@ -427,7 +427,7 @@ impl Store {
                     libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                     0,
                 ) {
-                    Ok(f) => crate::durability::sync_file(&f, true)?,
+                    Ok(f) => crate::state::durability::sync_file(&f, true)?,
                     // Removed meanwhile (gc): nothing left to make durable.
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                     Err(e) => return Err(e),
@@ -580,7 +580,7 @@ impl Store {
         let each_put = self.policy == SyncPolicy::EachPut;
         if each_put {
             // Data and mode must be on disk before the name can point at them (invariant 2).
-            crate::durability::sync_file(&temp.file, false)?;
+            crate::state::durability::sync_file(&temp.file, false)?;
         }
         let name = hex(&hasher.finalize());
         let cname = object_cname(&name)?;
@@ -636,7 +636,7 @@ impl Store {
     /// content, verified by the caller), with invariant 2's syncs.
     fn commit_replacing(&self, mut temp: TempFile<'_>, cname: &CStr) -> io::Result<()> {
         if self.policy == SyncPolicy::EachPut {
-            crate::durability::sync_file(&temp.file, false)?;
+            crate::state::durability::sync_file(&temp.file, false)?;
         }
         rename_at(&self.dir_fd, &temp.name, cname)?;
         temp.linked = false;

@@ -14,7 +14,7 @@ use log::{debug, info, warn};
 use super::model::backup_of;
 use super::store::{LinkPut, LinkedObject};
 use super::{Caller, History, State, Version, VersionState, rel_key};
-use crate::durability::{self, Durability};
+use crate::state::durability::{self, Durability};
 use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::{Actor, EntryKind, EntryMeta, Record, rfc3339};
 
@@ -425,7 +425,7 @@ impl History {
     /// `session ID PID` written to ctl: PID (an agent process, e.g. from its prompt hook)
     /// becomes the root of session ID; its tree's changes are attributed to the session.
     /// ESRCH: no such process; EPERM: another user's process (the line was parsed by
-    /// [`crate::ids::take_ctl_lines`]).
+    /// [`crate::history::ids::take_ctl_lines`]).
     pub fn register_session(&self, caller: &Caller, id: &str, pid: u32) -> io::Result<()> {
         match super::process::register_session(id, pid, caller.uid) {
             Ok(()) => {

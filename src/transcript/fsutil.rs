@@ -12,7 +12,7 @@ use std::path::Path;
 pub(crate) fn open_append(path: &Path) -> io::Result<File> {
     let open = |create_new: bool| {
         let mut options = OpenOptions::new();
-        // Only the owner may read or change the history (see crate::state_dir).
+        // Only the owner may read or change the history (see crate::state::dir).
         options.read(true).append(true).mode(0o600);
         if create_new {
             options.create_new(true);

@@ -116,11 +116,11 @@ impl Journal {
         Ok(())
     }
 
-    /// fdatasyncs the journal (counted, see [`crate::durability`]).
+    /// fdatasyncs the journal (counted, see [`crate::state::durability`]).
     pub fn sync(&self) -> io::Result<()> {
         // Cleared first: an append racing this sync sets it again and is synced next time.
         self.unsynced.store(false, Ordering::Release);
-        crate::durability::sync_file(&self.file, true).map_err(|e| {
+        crate::state::durability::sync_file(&self.file, true).map_err(|e| {
             self.unsynced.store(true, Ordering::Release);
             fsutil::with_path(&self.path, "syncing", e)
         })

@@ -3,7 +3,7 @@
 //! A record is plain JSON that anyone who can write the state dir can forge, and a forged
 //! entry that gives a user's file mode 04755 and uid 0 turns the next rewind by root into a
 //! setuid-root binary. The state dir itself is refused at mount when others can write it
-//! (`crate::state_dir`); this module is the second line: every entry that could raise
+//! (`crate::state::dir`); this module is the second line: every entry that could raise
 //! privilege carries an HMAC-SHA256 made with a per-user key kept *outside* the state dir,
 //! and replay refuses such an entry whose MAC is missing or wrong. Whoever can write STATE
 //! but cannot read the key cannot make one.
@@ -38,7 +38,7 @@ pub const KEY_FILE: &str = "record.key";
 pub const KEY_LEN: usize = 32;
 /// The state dir's id file: its presence means the state dir's set-id entries are signed
 /// (see docs/transcript-format.md, "Signed set-id entries").
-pub use crate::state_dir::SIGNING_ID_FILE as STATE_ID_FILE;
+pub use crate::state::dir::SIGNING_ID_FILE as STATE_ID_FILE;
 /// Beside the key: the state dirs it began signing, one JSON object a line.
 pub const SIGNED_LIST_FILE: &str = "signed-state-dirs";
 /// Starts every MAC'd message, so that a MAC of this kind can never be taken for another.
@@ -534,7 +534,7 @@ pub fn write_state_id(state_dir: &Path, id: &StateId) -> io::Result<()> {
     } else {
         format!("{} pending\n", id.id)
     };
-    crate::state_dir::write_file(state_dir, STATE_ID_FILE, text.as_bytes())?;
+    crate::state::dir::write_file(state_dir, STATE_ID_FILE, text.as_bytes())?;
     fs::File::open(state_dir)?.sync_all()
 }
 

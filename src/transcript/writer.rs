@@ -572,7 +572,7 @@ fn replace(path: &Path, records: &[Record]) -> io::Result<Replaced> {
         .map_err(|e| fsutil::with_path(&tmp, "creating", e))?;
     let written = (|| -> io::Result<u64> {
         if let Ok(meta) = fs::metadata(path) {
-            // The old file's bits, but never more than the owner's (see crate::state_dir).
+            // The old file's bits, but never more than the owner's (see crate::state::dir).
             let mode = meta.permissions().mode() & 0o600;
             file.set_permissions(fs::Permissions::from_mode(mode))?;
         }

@@ -13,8 +13,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use checkpointfs::control::{MAX_REQUEST, parse_request};
-use checkpointfs::ids::{CtlLine, MAX_CTL_LINE, take_ctl_lines, validate_id};
+use checkpointfs::history::ids::{CtlLine, MAX_CTL_LINE, take_ctl_lines, validate_id};
+use checkpointfs::mount::control_socket::{MAX_REQUEST, parse_request};
 use checkpointfs::transcript::journal::{JOURNAL_FILE_NAME, Journal};
 use checkpointfs::transcript::mac::{RecordKey, Signer};
 use checkpointfs::transcript::replay::read_transcript;

@@ -160,7 +160,7 @@ impl LinkedObject<'_> {
         match self.store.policy {
             SyncPolicy::EachPut => {
                 if let Some(lease) = &self.lease {
-                    crate::durability::sync_file(lease.file(), true)?;
+                    crate::state::durability::sync_file(lease.file(), true)?;
                 }
                 self.store.sync()
             }

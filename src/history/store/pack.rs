@@ -620,9 +620,9 @@ impl Packs {
         }
         match policy {
             SyncPolicy::EachPut => {
-                crate::durability::sync_file(&file, true)?;
+                crate::state::durability::sync_file(&file, true)?;
                 if created {
-                    crate::durability::sync_file(dir, false)?;
+                    crate::state::durability::sync_file(dir, false)?;
                 }
             }
             SyncPolicy::Batched => {
@@ -709,7 +709,7 @@ impl Packs {
     fn sync_appender(&self) -> io::Result<()> {
         let file = lock(&self.append).as_ref().map(|a| a.file.clone());
         match file {
-            Some(f) => crate::durability::sync_file(&f, true),
+            Some(f) => crate::state::durability::sync_file(&f, true),
             None => Ok(()),
         }
     }
@@ -764,7 +764,7 @@ impl Packs {
             if append.as_ref().is_some_and(|a| a.pack == pack) {
                 // Stop appending there; the next put starts a new pack.
                 if let Some(a) = append.take() {
-                    crate::durability::sync_file(&a.file, true)?;
+                    crate::state::durability::sync_file(&a.file, true)?;
                 }
             }
             let old = match open_pack(dir, pack, libc::O_RDONLY) {
@@ -795,7 +795,7 @@ impl Packs {
                     moved.push((*digest, kept + HEADER as u64, place.len));
                     kept += (HEADER + data.len()) as u64;
                 }
-                crate::durability::sync_file(&t.file, true)?;
+                crate::state::durability::sync_file(&t.file, true)?;
                 temp = Some(t);
             }
             // The new pack's name is made durable before the old pack goes, and with the
@@ -815,7 +815,7 @@ impl Packs {
                     }
                 }
                 t.linked = false;
-                crate::durability::sync_file(dir, false)?;
+                crate::state::durability::sync_file(dir, false)?;
                 number = Some(n);
             }
             let mut index = lock(&self.index);
@@ -839,7 +839,7 @@ impl Packs {
                 Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
                 _ => {}
             }
-            crate::durability::sync_file(dir, false)?;
+            crate::state::durability::sync_file(dir, false)?;
             freed += old_size.saturating_sub(kept);
         }
         Ok(freed)

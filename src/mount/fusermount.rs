@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::mount_options::MountOptions;
+use crate::mount::options::MountOptions;
 
 /// The helper's name, looked up on PATH; `FUSERMOUNT_PATH` overrides it, as for libfuse.
 fn helper() -> std::ffi::OsString {

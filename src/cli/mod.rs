@@ -1,38 +1,42 @@
 //! The command line: the clap definitions and the dispatch to the code that does the work:
-//! `mount` validates ([`crate::mount_validation`]) and starts the daemon ([`crate::spawn`]);
-//! `umount` is [`crate::unmount`]; the other subcommands are [`crate::commands`],
-//! [`crate::install_hook`] and [`crate::manuals`].
+//! `mount` is prepared ([`crate::mount::prepare`]), then starts the daemon
+//! ([`crate::mount::spawn`]);
+//! `umount` is [`crate::mount::unmount`]; the other subcommands are [`crate::cli::commands`],
+//! [`crate::cli::install_hook`] and [`crate::cli::manuals`].
 //!
 //! Exit status: 0 success, 1 runtime failure, 2 usage error or refusal; `umount` has a few
-//! more (see [`crate::exit_status::UMOUNT_EXIT_STATUS`]).
+//! more (see [`crate::cli::exit_status::UMOUNT_EXIT_STATUS`]).
+pub mod commands;
+pub mod exit_status;
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the agents' own settings.json files, never SRC"
+)]
+pub mod install_hook;
+#[allow(
+    clippy::disallowed_methods,
+    reason = "man pages written to the directory the user names, never SRC"
+)]
+pub mod manuals;
+pub mod render;
+
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand};
 
-use crate::commands::{self, Target};
-use crate::daemon::DaemonConfig;
-use crate::durability::Durability;
-use crate::exit_status::*;
-use crate::history::exclusions::{ExcludeFile, ExclusionConfig};
+use crate::cli::commands::Target;
+use crate::cli::exit_status::*;
 use crate::history::logdiff::DiffFormat;
-use crate::manuals;
-use crate::mount_options::MountOptions;
-use crate::mount_validation::{
-    Environment, MountRefusal, ValidatedPaths, recover_own_dead_mount, validate_mount,
-    wait_for_unmounted_daemon,
-};
-use crate::spawn::{init_logger, run_foreground, spawn_daemon};
+use crate::mount::prepare::{MountError, MountRequest};
+use crate::mount::spawn::{init_logger, run_foreground, spawn_daemon};
+use crate::mount::unmount::umount;
+use crate::state::durability::Durability;
 use crate::sys::error_text;
-use crate::unmount::umount;
 
-/// How long `mount` waits for the previous daemon of its state dir to exit once that
-/// daemon's mount is gone (a plain `umount MNT` returns before the daemon has flushed).
-const STATE_RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `umount` waits for the daemon to exit by default.
 const DEFAULT_UMOUNT_TIMEOUT_SECS: u64 = 60;
 
@@ -135,7 +139,7 @@ pub enum Command {
 pub struct InstallHookArgs {
     /// The agent
     #[arg(value_name = "AGENT", value_enum)]
-    pub agent: crate::install_hook::Agent,
+    pub agent: crate::cli::install_hook::Agent,
 
     /// The user's settings (~/.claude/settings.json, ~/.gemini/settings.json); the default
     #[arg(long)]
@@ -459,67 +463,8 @@ fn parse_threads(s: &str) -> Result<usize, String> {
     }
 }
 
-/// The patterns of an --exclude-from file; errors name the file and line.
-fn read_exclude_file(path: &Path) -> Result<Vec<String>, String> {
-    let text = fs::read_to_string(path)
-        .map_err(|e| format!("cannot read --exclude-from file {}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        parse_glob(line)
-            .map_err(|e| format!("{} line {}: '{line}': {e}", path.display(), i + 1))?;
-        out.push(line.to_string());
-    }
-    Ok(out)
-}
-
-/// The exclusions of a mount: each setting given on the command line replaces its saved
-/// value (`saved`, from the state dir); the others keep it. `--exclude-from` files are read
-/// again at every mount, the saved ones too.
-fn exclusions_for_mount(
-    a: &MountArgs,
-    saved: Option<ExclusionConfig>,
-) -> Result<ExclusionConfig, String> {
-    let saved = saved.unwrap_or_default();
-    let (exclude, files): (Vec<String>, Vec<PathBuf>) = if a.no_exclude {
-        (Vec::new(), Vec::new())
-    } else if !a.excludes.is_empty() || !a.exclude_from.is_empty() {
-        let files = a
-            .exclude_from
-            .iter()
-            .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone()))
-            .collect();
-        (a.excludes.clone(), files)
-    } else {
-        let files = saved.exclude_from.iter().map(|f| f.file.clone()).collect();
-        (saved.exclude.clone(), files)
-    };
-    let mut exclude_from = Vec::new();
-    for file in files {
-        let patterns = read_exclude_file(&file)?;
-        exclude_from.push(ExcludeFile { file, patterns });
-    }
-    let respect_gitignore = if a.respect_gitignore {
-        true
-    } else if a.no_respect_gitignore {
-        false
-    } else {
-        saved.respect_gitignore
-    };
-    Ok(ExclusionConfig {
-        exclude,
-        exclude_from,
-        respect_gitignore,
-    })
-}
-
 fn parse_glob(s: &str) -> Result<String, String> {
-    globset::Glob::new(s)
-        .map(|_| s.to_string())
-        .map_err(|e| format!("invalid glob: {e}"))
+    crate::history::exclusions::check_glob(s).map(|()| s.to_string())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -541,14 +486,14 @@ where
     // The daemon's watchdog process (not a user command, so not in the clap definitions).
     if args
         .get(1)
-        .is_some_and(|a| a == crate::watchdog::SUBCOMMAND)
+        .is_some_and(|a| a == crate::mount::watchdog::SUBCOMMAND)
     {
         init_logger();
         let rest: Vec<String> = args[2..]
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        return crate::watchdog::run(&rest);
+        return crate::mount::watchdog::run(&rest);
     }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
@@ -566,7 +511,9 @@ where
     }
     match cli.command {
         Command::Mount(a) => mount(a),
-        Command::Umount(a) => umount(&a.mnt, a.lazy, Duration::from_secs(a.timeout)),
+        Command::Umount(a) => {
+            umount_exit_status(umount(&a.mnt, a.lazy, Duration::from_secs(a.timeout)))
+        }
         Command::Checkpoint(a) => commands::checkpoint(&a.mnt, &a.id),
         Command::Rewind(a) => {
             let flags = commands::RewindFlags {
@@ -594,7 +541,7 @@ where
 }
 
 fn install_hook(a: InstallHookArgs) -> i32 {
-    use crate::install_hook::{self as ih, Outcome, Scope};
+    use crate::cli::install_hook::{self as ih, Outcome, Scope};
     let scope = match &a.project {
         Some(dir) => match fs::canonicalize(dir) {
             Ok(d) if d.is_dir() => Scope::Project(d),
@@ -743,176 +690,42 @@ fn diff(a: DiffArgs) -> i32 {
 }
 
 // ---------------------------------------------------------------------------------------
-// mount: validate (crate::mount_validation), then start the daemon (crate::spawn)
+// mount: prepare (crate::mount::prepare), then start the daemon (crate::mount::spawn)
 // ---------------------------------------------------------------------------------------
 
-/// `--owner USER`: the user's ids, if root may mount for them with `options`.
-fn owner_for(user: &str, options: &MountOptions) -> Result<crate::sys::UserIds, String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(format!(
-            "--owner {user} needs root: it is for a root-run service mounting for a normal \
-             user; as that user, mount without --owner"
-        ));
-    }
-    let ids = crate::sys::user_ids(user).map_err(|e| format!("--owner {user}: {e}"))?;
-    if ids.uid == 0 {
-        return Err(format!(
-            "--owner {user}: that is root; mount without --owner"
-        ));
-    }
-    if options.devices || options.setuid {
-        return Err(format!(
-            "--owner {user} with -o {}: a mount for a normal user is always nodev,nosuid (as \
-             fusermount3 makes theirs), or they could plant device nodes or set-id programs \
-             that work",
-            if options.devices { "dev" } else { "suid" }
-        ));
-    }
-    Ok(ids)
-}
-
-fn refuse(r: &MountRefusal) -> i32 {
-    eprintln!("checkpointfs: cannot mount: {r}");
-    EXIT_USAGE
-}
-
-/// The environment `mount` validates against (it includes a snapshot of the mount table).
-fn mount_environment() -> Result<Environment, i32> {
-    Environment::current().map_err(|e| {
-        eprintln!(
-            "checkpointfs: cannot read /proc/self/mountinfo: {}",
-            error_text(&e)
-        );
-        EXIT_FAILURE
-    })
-}
-
-/// Validates again against a fresh look at the mount table, after `mount` changed it or
-/// waited for it to change.
-fn revalidate(a: &MountArgs) -> Result<ValidatedPaths, i32> {
-    let env = mount_environment()?;
-    validate_mount(&a.src, &a.mnt, a.state_dir.as_deref(), &env).map_err(|r| refuse(&r))
-}
-
 fn mount(a: MountArgs) -> i32 {
-    let options = match MountOptions::parse(&a.options) {
-        Ok(o) => o,
-        Err(msg) => {
-            eprintln!("checkpointfs: cannot mount: {msg}");
-            return EXIT_USAGE;
-        }
-    };
-    let env = match mount_environment() {
-        Ok(env) => env,
-        Err(code) => return code,
-    };
-    let paths = match validate_mount(&a.src, &a.mnt, a.state_dir.as_deref(), &env) {
-        Ok(p) => p,
-        Err(MountRefusal::MountpointDead(dead)) => {
-            if let Err(why) = recover_own_dead_mount(&a.src, a.state_dir.as_deref(), &dead, &env) {
-                eprintln!(
-                    "checkpointfs: cannot mount: {}; it is not recognisably this mount's own \
-                     ({why}), so it was left alone",
-                    MountRefusal::MountpointDead(dead.clone())
-                );
-                return EXIT_USAGE;
-            }
-            // The mount table changed: validate against the new one.
-            match revalidate(&a) {
-                Ok(p) => p,
-                Err(code) => return code,
-            }
-        }
-        Err(MountRefusal::StateInUse { state, pid }) => {
-            if let Err(r) = wait_for_unmounted_daemon(&state, pid, &env, STATE_RELEASE_TIMEOUT) {
-                return refuse(&r);
-            }
-            match revalidate(&a) {
-                Ok(p) => p,
-                Err(code) => return code,
-            }
-        }
-        Err(r) => return refuse(&r),
-    };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        let refusal = crate::mount_options::statvfs_flags(&paths.source)
-            .map(|flags| options.refusal_without_privilege(flags));
-        match refusal {
-            Ok(None) => {}
-            Ok(Some(why)) => {
-                eprintln!("checkpointfs: cannot mount: {why}");
-                return EXIT_USAGE;
-            }
-            Err(e) => {
-                eprintln!(
-                    "checkpointfs: cannot mount: statvfs {}: {}",
-                    paths.source.display(),
-                    error_text(&e)
-                );
-                return EXIT_FAILURE;
-            }
-        }
-    }
-    if !paths.state_dir_exists
-        && let Err(e) = fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&paths.state_dir)
-    {
-        eprintln!(
-            "checkpointfs: cannot create state dir {}: {}",
-            paths.state_dir.display(),
-            error_text(&e)
-        );
-        return EXIT_FAILURE;
-    }
-    if let Err(e) = crate::state_dir::secure(&paths.state_dir) {
-        eprintln!("checkpointfs: cannot mount: {}", error_text(&e));
-        return EXIT_FAILURE;
-    }
-    let exclusions = match crate::settings::load(&paths.state_dir)
-        .and_then(|saved| exclusions_for_mount(&a, saved.map(|s| s.exclusions)))
-    {
-        Ok(e) => e,
-        Err(msg) => {
-            eprintln!("checkpointfs: cannot mount: {msg}");
-            return EXIT_USAGE;
-        }
-    };
-    let owner = match a
-        .owner
-        .as_deref()
-        .map(|user| owner_for(user, &options))
-        .transpose()
-    {
-        Ok(o) => o,
-        Err(msg) => {
-            eprintln!("checkpointfs: cannot mount: {msg}");
-            return EXIT_USAGE;
-        }
-    };
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let cfg = DaemonConfig {
-        source: paths.source,
-        mountpoint: paths.mountpoint,
-        state_dir: paths.state_dir,
-        threads,
-        passthrough: !a.no_passthrough,
+    let request = MountRequest {
+        src: a.src,
+        mnt: a.mnt,
+        state_dir: a.state_dir,
+        options: a.options,
+        owner: a.owner,
+        excludes: a.excludes,
+        exclude_from: a.exclude_from,
+        no_exclude: a.no_exclude,
+        respect_gitignore: a.respect_gitignore,
+        no_respect_gitignore: a.no_respect_gitignore,
+        threads: a.threads,
+        no_passthrough: a.no_passthrough,
         allow_other: a.allow_other,
-        owner,
-        exclusions,
-        options,
         durability: a.durability,
     };
-    if a.foreground {
+    let cfg = match crate::mount::prepare::prepare(&request) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("checkpointfs: {e}");
+            return match e {
+                MountError::Refused(_) => EXIT_USAGE,
+                MountError::Failed(_) => EXIT_FAILURE,
+            };
+        }
+    };
+    let started = if a.foreground {
         run_foreground(cfg)
     } else {
         spawn_daemon(cfg, a.verbose)
-    }
+    };
+    started.map_or(EXIT_FAILURE, |()| EXIT_OK)
 }
 
 #[cfg(test)]

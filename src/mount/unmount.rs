@@ -1,6 +1,6 @@
 //! `checkpointfs umount`: unmount (umount2, or fusermount3 for a normal user's mount), then
 //! wait for the daemon to flush its history and exit, with an exit status that says which
-//! of those happened (see [`crate::exit_status::UMOUNT_EXIT_STATUS`]).
+//! of those happened (see [`UmountOutcome`]).
 use std::ffi::OsString;
 use std::fs;
 use std::io;
@@ -9,13 +9,30 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::exit_status::*;
-use crate::mountinfo::{find_mount, is_checkpointfs_mount};
-use crate::registry::{
+use crate::mount::mountinfo::{find_mount, is_checkpointfs_mount};
+use crate::mount::registry::{
     PID_FILE, STATE_DIR_FILE, is_checkpointfs_process, parse_pid_file, process_alive,
     read_pid_file, recorded_state_dir,
 };
 use crate::sys::{errno_of, error_text, pidfd_open, poll_readable};
+
+/// How `umount` ended (each has its own exit status: `crate::cli::exit_status`). What
+/// happened has been printed already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UmountOutcome {
+    /// Unmounted, and the daemon has flushed its history and exited.
+    Done,
+    /// Usage error, or MNT is not a checkpointfs mount: nothing was done.
+    Refused,
+    /// Any other failure.
+    Failed,
+    /// MNT is not mounted (any more) and no daemon runs for it.
+    Gone,
+    /// MNT is busy and was left mounted.
+    Busy,
+    /// Unmounted or detached, but the daemon did not exit within the timeout.
+    DaemonTimeout,
+}
 
 /// The absolute, symlink-free path of a mount point that may be a dead FUSE mount (which
 /// cannot be stat'ed): canonicalize it, or else its parent plus its name.
@@ -101,28 +118,28 @@ pub(crate) fn fusermount_unmount(path: &Path, lazy: bool) -> bool {
 }
 
 /// `checkpointfs umount MNT`: unmounts and waits for the daemon to exit.
-pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
+pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> UmountOutcome {
     let shown = mnt.display();
     let not_ours = || {
         eprintln!("checkpointfs: {shown} is not a checkpointfs mount");
-        EXIT_USAGE
+        UmountOutcome::Refused
     };
     let path = match resolve_mountpoint(mnt) {
         Ok(p) => p,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             eprintln!("checkpointfs: {shown} does not exist");
-            return EXIT_USAGE;
+            return UmountOutcome::Refused;
         }
         Err(e) => {
             eprintln!("checkpointfs: cannot access {shown}: {}", error_text(&e));
-            return EXIT_FAILURE;
+            return UmountOutcome::Failed;
         }
     };
     let entry = match find_mount(&path) {
         Ok(Some(entry)) => entry,
         Ok(None) if fs::symlink_metadata(&path).is_err() => {
             eprintln!("checkpointfs: {shown} does not exist");
-            return EXIT_USAGE;
+            return UmountOutcome::Refused;
         }
         Ok(None) => match recorded_state_dir(&path) {
             Some(state) => return already_unmounted(mnt, &state, timeout),
@@ -133,7 +150,7 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                 "checkpointfs: cannot read /proc/self/mountinfo: {}",
                 error_text(&e)
             );
-            return EXIT_FAILURE;
+            return UmountOutcome::Failed;
         }
     };
     if !entry.fstype.starts_with("fuse") {
@@ -177,7 +194,7 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                 "checkpointfs: {shown} is a FUSE mount whose daemon is gone, and it is not \
                  recognizably checkpointfs; if it was, clean it up with: umount -l {shown}"
             );
-            return EXIT_FAILURE;
+            return UmountOutcome::Failed;
         }
         Err(_) => return not_ours(),
     };
@@ -191,7 +208,7 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                  open there; see: lsof +D {shown}); close it, or detach it anyway with: \
                  checkpointfs umount --lazy {shown}"
             );
-            return EXIT_UMOUNT_BUSY;
+            return UmountOutcome::Busy;
         }
         Err(e) if errno_of(&e) == libc::EPERM && fusermount_unmount(&path, lazy) => {}
         // Unmounted by someone else since we looked: what is left is to wait for the daemon.
@@ -200,27 +217,27 @@ pub fn umount(mnt: &Path, lazy: bool, timeout: Duration) -> i32 {
                 Some(pid) => wait_for_detached_daemon(mnt, pid, timeout),
                 None => {
                     eprintln!("checkpointfs: {shown} is already unmounted");
-                    EXIT_UMOUNT_GONE
+                    UmountOutcome::Gone
                 }
             };
         }
         Err(e) => {
             eprintln!("checkpointfs: cannot unmount {shown}: {}", error_text(&e));
-            return EXIT_FAILURE;
+            return UmountOutcome::Failed;
         }
     }
 
     let Some(pid) = daemon_pid else {
-        return EXIT_OK;
+        return UmountOutcome::Done;
     };
     if wait_for_exit(pid, pidfd.as_ref(), timeout) {
-        return EXIT_OK;
+        return UmountOutcome::Done;
     }
     timed_out(mnt, pid, lazy, timeout)
 }
 
 /// Exit status 5 with what is going on.
-fn timed_out(mnt: &Path, pid: i32, lazy: bool, timeout: Duration) -> i32 {
+fn timed_out(mnt: &Path, pid: i32, lazy: bool, timeout: Duration) -> UmountOutcome {
     let shown = mnt.display();
     if lazy {
         eprintln!(
@@ -236,12 +253,12 @@ fn timed_out(mnt: &Path, pid: i32, lazy: bool, timeout: Duration) -> i32 {
             timeout.as_secs()
         );
     }
-    EXIT_UMOUNT_TIMEOUT
+    UmountOutcome::DaemonTimeout
 }
 
 /// MNT is not mounted, and the record of mounts says it was a checkpointfs mount of
 /// `state`: exit 3 once no daemon runs for it any more.
-fn already_unmounted(mnt: &Path, state: &Path, timeout: Duration) -> i32 {
+fn already_unmounted(mnt: &Path, state: &Path, timeout: Duration) -> UmountOutcome {
     let shown = mnt.display();
     match read_pid_file(&state.join(PID_FILE)) {
         // Detached lazily before, and still serving files opened in it.
@@ -254,7 +271,7 @@ fn already_unmounted(mnt: &Path, state: &Path, timeout: Duration) -> i32 {
                 state.display(),
                 state.display()
             );
-            EXIT_UMOUNT_GONE
+            UmountOutcome::Gone
         }
         None => {
             eprintln!(
@@ -262,20 +279,20 @@ fn already_unmounted(mnt: &Path, state: &Path, timeout: Duration) -> i32 {
                  history in {} is complete",
                 state.display()
             );
-            EXIT_UMOUNT_GONE
+            UmountOutcome::Gone
         }
     }
 }
 
 /// MNT is no longer mounted but daemon `pid` still runs: wait for it as after an unmount.
-fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> i32 {
+fn wait_for_detached_daemon(mnt: &Path, pid: i32, timeout: Duration) -> UmountOutcome {
     eprintln!(
         "checkpointfs: {} is already unmounted; waiting for its daemon (pid {pid}) to exit",
         mnt.display()
     );
     let pidfd = pidfd_open(pid);
     if wait_for_exit(pid, pidfd.as_ref(), timeout) {
-        EXIT_OK
+        UmountOutcome::Done
     } else {
         timed_out(mnt, pid, true, timeout)
     }
@@ -288,12 +305,12 @@ fn daemon_of(state: &Path) -> Option<i32> {
     let pid = match fs::read_to_string(state.join(PID_FILE)) {
         Ok(text) => parse_pid_file(&text),
         Err(e) if errno_of(&e) == libc::EACCES => {
-            let status = crate::control::Request::Status {
+            let status = crate::mount::control_socket::Request::Status {
                 path: None,
                 path_is_dir: None,
                 json: true,
             };
-            let response = crate::control::request(state, &status).ok()?;
+            let response = crate::mount::control_socket::request(state, &status).ok()?;
             let report: serde_json::Value = serde_json::from_str(&response.output).ok()?;
             report["daemon_pid"]
                 .as_i64()
@@ -317,7 +334,7 @@ pub(crate) fn endpoint_gone(e: &io::Error) -> bool {
 /// The FUSE endpoint of a checkpointfs mount at `path` is dead (`endpoint_gone`: the daemon was
 /// killed or crashed). Nothing can be flushed any more; detach the mount so that MNT is
 /// usable again, and exit 3.
-fn detach_dead_mount(mnt: &Path, path: &Path) -> i32 {
+fn detach_dead_mount(mnt: &Path, path: &Path) -> UmountOutcome {
     let shown = mnt.display();
     let detached = match umount_syscall(path, true) {
         Ok(()) => Ok(()),
@@ -330,7 +347,7 @@ fn detach_dead_mount(mnt: &Path, path: &Path) -> i32 {
              detached: {}",
             error_text(&e)
         );
-        return EXIT_FAILURE;
+        return UmountOutcome::Failed;
     }
     let state = recorded_state_dir(path)
         .map_or_else(|| "its state dir".to_string(), |s| s.display().to_string());
@@ -339,7 +356,7 @@ fn detach_dead_mount(mnt: &Path, path: &Path) -> i32 {
          dead mount. Nothing was flushed now: the next mount of {state} recovers the history \
          from its journal"
     );
-    EXIT_UMOUNT_GONE
+    UmountOutcome::Gone
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use log::{debug, warn};
 use serde::{Deserialize, Serialize};
 
 use crate::fs::PassthroughFs;
-use crate::history::logdiff::DiffFormat;
+use crate::history::logdiff::json_document;
 
 pub const SOCKET_NAME: &str = "control.sock";
 
@@ -456,7 +456,7 @@ fn serve_connection(
 fn mounted_read_only(fs: &PassthroughFs) -> bool {
     let (mountpoint, options) = fs.mount_info();
     match std::fs::read("/proc/self/mountinfo") {
-        Ok(info) => crate::mount_options::mounted_read_only(&info, mountpoint),
+        Ok(info) => crate::mount::options::mounted_read_only(&info, mountpoint),
         Err(_) => options.read_only,
     }
 }
@@ -498,7 +498,7 @@ fn handle(
     progress: &mut dyn FnMut(String, bool),
 ) -> Response {
     let result = match req {
-        Request::Checkpoint { id } => match crate::ids::validate_id(id.as_bytes()) {
+        Request::Checkpoint { id } => match crate::history::ids::validate_id(id.as_bytes()) {
             Err(e) => Err(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
             Ok(id) => fs
                 .checkpoint(id, session)
@@ -557,15 +557,20 @@ fn handle(
             Ok(serde_json::to_string(&report)?)
         }),
         // Reports read the transcript: make it complete first.
-        Request::Log { json, session } => fs
-            .history()
-            .flush()
-            .and_then(|()| crate::report::log_output(fs.history(), json, session.as_deref())),
+        // Reports are data: the answer is the report's JSON document whatever `json` asks
+        // (the CLI has always asked for it, and renders text itself).
+        Request::Log { json: _, session } => fs.history().flush().and_then(|()| {
+            let mut report = fs.history().log_report()?;
+            if let Some(s) = &session {
+                report.keep_only_session(s);
+            }
+            json_document(&report)
+        }),
         Request::Diff {
             from,
             to,
             stat,
-            json,
+            json: _,
             session,
         } => {
             // Attribution for --session is read from the transcript.
@@ -574,19 +579,19 @@ fn handle(
                 None => Ok(()),
             };
             flushed.and_then(|()| {
-                crate::report::diff_output(
-                    fs.history(),
+                let history = fs.history();
+                json_document(&history.diff_report_of(
                     &from,
                     to.as_deref(),
-                    DiffFormat { stat, json },
+                    !stat,
                     session.as_deref(),
-                )
+                )?)
             })
         }
         Request::Status {
             path,
             path_is_dir,
-            json,
+            json: _,
         } => fs
             .history()
             .status_report(path.as_deref(), path_is_dir)
@@ -599,10 +604,10 @@ fn handle(
                     // SAFETY: geteuid has no preconditions.
                     daemon_uid: unsafe { libc::geteuid() },
                     owner_uid: fs.owner().map(|o| o.uid),
-                    mount_options: fs.mount_info().1.to_list(),
+                    mount_options: fs.mount_info().1.list.clone(),
                     read_only: mounted_read_only(fs),
                 });
-                report.render(json)
+                json_document(&report)
             }),
     };
     match result {

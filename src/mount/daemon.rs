@@ -15,8 +15,8 @@ pub struct DaemonConfig {
     /// processes use the mount, and the control socket is theirs.
     pub owner: Option<crate::sys::UserIds>,
     pub exclusions: crate::history::exclusions::ExclusionConfig,
-    pub options: crate::mount_options::MountOptions,
-    pub durability: crate::durability::Durability,
+    pub options: crate::mount::options::MountOptions,
+    pub durability: crate::state::durability::Durability,
 }
 
 use std::io;
@@ -28,8 +28,8 @@ use fuser::{Config, Session, SessionACL};
 use log::{info, warn};
 
 use crate::fs::{FsConfig, PassthroughFs};
-use crate::fuse_adapter::FuseAdapter;
 use crate::history::{CONTROL_DIR_NAME, HistoryConfig, open_history};
+use crate::transport::adapter::FuseAdapter;
 
 /// Mounts `cfg.source` at `cfg.mountpoint` and serves until the mount is unmounted from
 /// outside (`umount MNT`) or SIGINT/SIGTERM arrives; then flushes history and transcript.
@@ -41,24 +41,24 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let signals = block_termination_signals()?;
     raise_fd_limit();
     // Held until this function returns: no gc of the state dir, or second daemon, meanwhile.
-    let _state_lock = crate::state_lock::StateLock::acquire(&cfg.state_dir)?;
+    let _state_lock = crate::state::lock::StateLock::acquire(&cfg.state_dir)?;
     // The kernel has applied the caller's umask to every mode it sends; ours must not be
     // applied a second time.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    crate::state_dir::secure(&cfg.state_dir)?;
+    crate::state::dir::secure(&cfg.state_dir)?;
     if cfg.owner.is_some() {
         // The owner reaches the control socket in it, and nothing else: every file in it is
         // 0600 root's, and the directory is not writable to them.
-        crate::state_dir::let_others_reach_the_socket(&cfg.state_dir)?;
+        crate::state::dir::let_others_reach_the_socket(&cfg.state_dir)?;
     }
-    crate::state_dir::write_file(
+    crate::state::dir::write_file(
         &cfg.state_dir,
         "source",
         format!("{}\n", cfg.source.display()).as_bytes(),
     )?;
 
-    let (root, atime_change) = crate::mount_options::open_source_root(&cfg.source, &cfg.options)?;
+    let (root, atime_change) = crate::mount::options::open_source_root(&cfg.source, &cfg.options)?;
     info!(
         "mount options: {}{}",
         cfg.options.to_list(),
@@ -93,9 +93,9 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     })?;
     // Saved once the history is known to be readable: a state dir refused for a corrupt
     // transcript keeps its settings.
-    crate::settings::save(
+    crate::history::settings::save(
         &cfg.state_dir,
-        &crate::settings::Settings {
+        &crate::history::settings::Settings {
             exclusions: cfg.exclusions.clone(),
         },
     )
@@ -105,7 +105,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             format!(
                 "cannot save {}/{}: {e}",
                 cfg.state_dir.display(),
-                crate::settings::SETTINGS_FILE
+                crate::history::settings::SETTINGS_FILE
             ),
         )
     })?;
@@ -117,7 +117,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             .spawn(move || h.run_copier())?
     };
     let syncer = match cfg.durability {
-        crate::durability::Durability::Batched => {
+        crate::state::durability::Durability::Batched => {
             let h = history.clone();
             Some(
                 std::thread::Builder::new()
@@ -134,11 +134,15 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             passthrough: cfg.passthrough,
             state_dir: cfg.state_dir.clone(),
             mountpoint: cfg.mountpoint.clone(),
-            options: cfg.options,
+            options: crate::fs::MountFacts {
+                list: cfg.options.to_list(),
+                read_only: cfg.options.read_only,
+                strict_atime: cfg.options.atime == crate::mount::options::Atime::Strict,
+            },
             owner: cfg.owner,
         },
     )?);
-    let control = crate::control::start_server(fs.clone(), &cfg.state_dir)?;
+    let control = crate::mount::control_socket::start_server(fs.clone(), &cfg.state_dir)?;
 
     let mut options = Config::default();
     options.n_threads = Some(cfg.threads.max(1));
@@ -159,13 +163,18 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let dev = if unsafe { libc::geteuid() } == 0 {
         mount_fuse(&cfg)?
     } else {
-        crate::fusermount::mount(&cfg.source, &cfg.mountpoint, cfg.allow_other, &cfg.options)?
+        crate::mount::fusermount::mount(
+            &cfg.source,
+            &cfg.mountpoint,
+            cfg.allow_other,
+            &cfg.options,
+        )?
     };
     // The device number the kernel gave this mount, read before any request is served:
     // a rewind checks its root against it, never against a path alone.
     match std::fs::read("/proc/self/mountinfo")
         .ok()
-        .and_then(|info| crate::watchdog::mount_dev(&info, &cfg.mountpoint))
+        .and_then(|info| crate::mount::watchdog::mount_dev(&info, &cfg.mountpoint))
     {
         Some(dev) => fs.set_mount_dev(dev),
         None => warn!(
@@ -184,7 +193,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         cfg.durability.name()
     );
     // Dropping the handle neither kills nor waits for it: it exits after this process.
-    let _watchdog = match crate::watchdog::start(&cfg.mountpoint) {
+    let _watchdog = match crate::mount::watchdog::start(&cfg.mountpoint) {
         Ok(child) => Some(child),
         Err(e) => {
             warn!(

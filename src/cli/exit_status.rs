@@ -1,6 +1,8 @@
 //! Exit statuses of the `checkpointfs` command: 0 success, 1 runtime failure, 2 usage error
 //! or refusal; `umount` has a few more (see [`UMOUNT_EXIT_STATUS`]).
 
+use crate::mount::unmount::UmountOutcome;
+
 pub const EXIT_OK: i32 = 0;
 
 pub const EXIT_FAILURE: i32 = 1;
@@ -30,3 +32,15 @@ pub const UMOUNT_EXIT_STATUS: &str = "Exit status:\n  \
     lsof +D MNT); it is still mounted. --lazy detaches it anyway\n  \
     5  unmounted (or detached with --lazy), but the daemon had not exited after --timeout\n     \
     seconds; its history is complete only once it has";
+
+/// `umount`'s exit status for how it ended.
+pub fn umount_exit_status(outcome: UmountOutcome) -> i32 {
+    match outcome {
+        UmountOutcome::Done => EXIT_OK,
+        UmountOutcome::Refused => EXIT_USAGE,
+        UmountOutcome::Failed => EXIT_FAILURE,
+        UmountOutcome::Gone => EXIT_UMOUNT_GONE,
+        UmountOutcome::Busy => EXIT_UMOUNT_BUSY,
+        UmountOutcome::DaemonTimeout => EXIT_UMOUNT_TIMEOUT,
+    }
+}

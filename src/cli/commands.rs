@@ -9,14 +9,14 @@ use std::os::fd::{IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::control::{self, Request};
-use crate::exit_status::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+use crate::cli::exit_status::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::history::gc::{GcReport, Retention, gc_state_dir};
+use crate::history::ids::validate_id;
 use crate::history::logdiff::DiffFormat;
 use crate::history::status::StatusReport;
 use crate::history::{History, HistoryConfig, open_history_readonly};
-use crate::ids::validate_id;
-use crate::state_lock::StateLock;
+use crate::mount::control_socket::{self, Request};
+use crate::state::lock::StateLock;
 
 /// Where a read-only history command finds its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             eprintln!("checkpointfs: {shown} is not a checkpointfs mount");
             return EXIT_USAGE;
         }
-        Err(e) if crate::unmount::endpoint_gone(&e) => return gone(),
+        Err(e) if crate::mount::unmount::endpoint_gone(&e) => return gone(),
         // A read-only mount (`-o ro`, or remounted ro): the kernel refuses to open ctl for
         // writing, but checkpoints change only the state dir, so ask the daemon directly.
         Err(e) if errno(&e) == libc::EROFS => return checkpoint_over_socket(mnt, id),
@@ -101,7 +101,7 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             );
             EXIT_FAILURE
         }
-        Err(e) if crate::unmount::endpoint_gone(&e) => gone(),
+        Err(e) if crate::mount::unmount::endpoint_gone(&e) => gone(),
         Err(e) => {
             eprintln!("checkpointfs: cannot create checkpoint '{quoted}': {e}");
             EXIT_FAILURE
@@ -122,7 +122,7 @@ fn checkpoint_over_socket(mnt: &Path, id: &str) -> i32 {
 fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
     match std::fs::read_to_string(mnt.join(".checkpoint/state-dir")) {
         Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
-        Err(e) if crate::unmount::endpoint_gone(&e) => {
+        Err(e) if crate::mount::unmount::endpoint_gone(&e) => {
             eprintln!(
                 "checkpointfs: the daemon serving {} is gone; clean up with: umount -l {}",
                 mnt.display(),
@@ -175,7 +175,8 @@ impl Drop for Progress {
 /// after printing the error.
 fn daemon_answer(state_dir: &Path, req: &Request) -> Result<String, i32> {
     let mut progress = Progress::new();
-    let answer = control::request_with_progress(state_dir, req, &mut |line| progress.show(line));
+    let answer =
+        control_socket::request_with_progress(state_dir, req, &mut |line| progress.show(line));
     drop(progress);
     match answer {
         Ok(resp) if resp.ok => Ok(resp.output),
@@ -254,7 +255,7 @@ fn report(
         Ok(d) => d,
         Err(code) => return code,
     };
-    if control::daemon_is_serving(&state_dir) {
+    if control_socket::daemon_is_serving(&state_dir) {
         return ask_daemon_rendered(&state_dir, &req, render);
     }
     let source = match source_of_state_dir(&state_dir) {
@@ -262,7 +263,7 @@ fn report(
         Err(code) => return code,
     };
     // The exclusions the last mount used, so that `status` explains paths as it did.
-    let exclusions = match crate::settings::load(&state_dir) {
+    let exclusions = match crate::history::settings::load(&state_dir) {
         Ok(saved) => saved.unwrap_or_default().exclusions,
         Err(msg) => {
             eprintln!("checkpointfs: {msg}");
@@ -336,7 +337,7 @@ fn path_in_mount(mnt: &Path, p: &Path) -> Result<String, String> {
 /// An absolute `p` given with `--state-dir`, relative to the mount root: under the last
 /// mount point or the source the state dir names (`STATE/mountpoint`, `STATE/source`).
 fn path_in_saved_tree(state_dir: &Path, p: &Path) -> Result<String, String> {
-    let roots: Vec<PathBuf> = [crate::registry::MOUNTPOINT_FILE, "source"]
+    let roots: Vec<PathBuf> = [crate::mount::registry::MOUNTPOINT_FILE, "source"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(state_dir.join(f)).ok())
         .map(|s| PathBuf::from(s.trim_end_matches('\n')))
@@ -413,10 +414,14 @@ pub fn log(target: &Target, json: bool, session: Option<&str>) -> i32 {
     report(
         target,
         req,
-        |h| crate::report::log_output(h, json, session),
+        |h| crate::cli::render::log_output(h, json, session),
         |doc| match (json, session) {
             (true, None) => Ok(doc),
-            _ => crate::report::log_from_report(crate::report::from_daemon(&doc)?, json, session),
+            _ => crate::cli::render::log_from_report(
+                crate::cli::render::from_daemon(&doc)?,
+                json,
+                session,
+            ),
         },
     )
 }
@@ -440,10 +445,13 @@ pub fn diff(
     report(
         target,
         req,
-        |h| crate::report::diff_output(h, from, to, format, session),
+        |h| crate::cli::render::diff_output(h, from, to, format, session),
         |doc| match format.json {
             true => Ok(doc),
-            false => crate::report::diff_from_report(&crate::report::from_daemon(&doc)?, format),
+            false => crate::cli::render::diff_from_report(
+                &crate::cli::render::from_daemon(&doc)?,
+                format,
+            ),
         },
     )
 }
@@ -483,7 +491,7 @@ pub fn status(target: &Target, path: Option<&Path>, json: bool) -> i32 {
         |h| h.status_report(rel.as_deref(), path_is_dir)?.render(json),
         |doc| match json {
             true => Ok(doc),
-            false => Ok(crate::report::from_daemon::<StatusReport>(&doc)?.to_text()),
+            false => Ok(crate::cli::render::from_daemon::<StatusReport>(&doc)?.to_text()),
         },
     )
 }
@@ -496,7 +504,7 @@ pub fn gc(target: &Target, retention: Retention, dry_run: bool, json: bool) -> i
         Ok(d) => d,
         Err(code) => return code,
     };
-    let report = if control::daemon_is_serving(&state_dir) {
+    let report = if control_socket::daemon_is_serving(&state_dir) {
         let (keep, older_than_secs) = match retention {
             Retention::Keep(n) => (Some(n), None),
             Retention::OlderThan(d) => (None, Some(d.as_secs())),

@@ -1,6 +1,6 @@
 //! What changed between two points of a history ([`History::changes`]); computed online
 //! (in the daemon) or offline (a state dir opened read-only). `log`, `diff` and `status` are
-//! computed in [`super::logdiff`] and [`super::status`] and rendered in [`crate::report`].
+//! computed in [`super::logdiff`] and [`super::status`] and rendered in [`crate::cli::render`].
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::mountinfo::{find_mount, is_checkpointfs_mount, parse_mountinfo};
-use crate::registry::{MOUNTPOINT_FILE, PID_FILE, is_checkpointfs_process, read_pid_file};
-use crate::sys::{errno_of, error_text};
-use crate::unmount::{
+use crate::mount::mountinfo::{find_mount, is_checkpointfs_mount, parse_mountinfo};
+use crate::mount::registry::{MOUNTPOINT_FILE, PID_FILE, is_checkpointfs_process, read_pid_file};
+use crate::mount::unmount::{
     endpoint_gone, fusermount_unmount, resolve_mountpoint, umount_syscall, wait_for_exit,
 };
+use crate::sys::{errno_of, error_text};
 
 /// What validation reads from outside the filesystem, so that tests can supply it.
 #[derive(Debug, Clone, Default)]
@@ -415,7 +415,7 @@ pub(crate) fn recover_own_dead_mount(
         ));
     }
     // Held only for the check: the daemon takes it again when it starts.
-    drop(crate::state_lock::StateLock::acquire(&state).map_err(|e| e.to_string())?);
+    drop(crate::state::lock::StateLock::acquire(&state).map_err(|e| e.to_string())?);
     let old_pid = read_pid_file(&state.join(PID_FILE));
     match umount_syscall(&mnt, true) {
         Ok(()) => {}

@@ -59,7 +59,7 @@ pub fn mount_dev(mountinfo: &[u8], mount_point: &Path) -> Option<(u32, u32)> {
             let mut fields = line.split(|&b| b == b' ');
             let dev = fields.nth(2)?;
             let point = fields.nth(1)?;
-            if crate::mountinfo::unescape_mountinfo(point).as_bytes()
+            if crate::mount::mountinfo::unescape_mountinfo(point).as_bytes()
                 != mount_point.as_os_str().as_bytes()
             {
                 return None;

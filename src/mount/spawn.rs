@@ -8,13 +8,17 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::daemon::{self, DaemonConfig};
-use crate::exit_status::{EXIT_FAILURE, EXIT_OK};
-use crate::registry::{LOG_FILE, PID_FILE, remove_pid_file, write_pid_and_mountpoint};
+use crate::mount::daemon::{self, DaemonConfig};
+use crate::mount::registry::{LOG_FILE, PID_FILE, remove_pid_file, write_pid_and_mountpoint};
 use crate::sys::{error_text, poll_readable};
 
 /// How long `mount` waits for a detached daemon to report that the mount is live.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A failure already reported: on stderr, and for the detached daemon itself in its log
+/// and through the readiness pipe. The command exits with status 1.
+#[derive(Debug)]
+pub struct Reported;
 
 fn thread_count() -> usize {
     fs::read_dir("/proc/self/task")
@@ -27,7 +31,7 @@ pub(crate) fn init_logger() {
         .try_init();
 }
 
-pub(crate) fn run_foreground(cfg: DaemonConfig) -> i32 {
+pub(crate) fn run_foreground(cfg: DaemonConfig) -> Result<(), Reported> {
     init_logger();
     if let Err(e) = write_pid_and_mountpoint(&cfg.state_dir, &cfg.mountpoint) {
         eprintln!(
@@ -35,7 +39,7 @@ pub(crate) fn run_foreground(cfg: DaemonConfig) -> i32 {
             cfg.state_dir.display(),
             error_text(&e)
         );
-        return EXIT_FAILURE;
+        return Err(Reported);
     }
     let state_dir = cfg.state_dir.clone();
     let (src, mnt) = (cfg.source.clone(), cfg.mountpoint.clone());
@@ -45,10 +49,10 @@ pub(crate) fn run_foreground(cfg: DaemonConfig) -> i32 {
     let result = daemon::serve(cfg, on_ready);
     remove_pid_file(&state_dir);
     match result {
-        Ok(()) => EXIT_OK,
+        Ok(()) => Ok(()),
         Err(e) => {
             eprintln!("checkpointfs: mount failed: {e}");
-            EXIT_FAILURE
+            Err(Reported)
         }
     }
 }
@@ -58,7 +62,7 @@ const READY: u8 = b'R';
 
 const FAILED: u8 = b'E';
 
-pub(crate) fn spawn_daemon(cfg: DaemonConfig, verbose: bool) -> i32 {
+pub(crate) fn spawn_daemon(cfg: DaemonConfig, verbose: bool) -> Result<(), Reported> {
     let log_path = cfg.state_dir.join(LOG_FILE);
     let log_file = match fs::OpenOptions::new()
         .append(true)
@@ -73,28 +77,28 @@ pub(crate) fn spawn_daemon(cfg: DaemonConfig, verbose: bool) -> i32 {
                 log_path.display(),
                 error_text(&e)
             );
-            return EXIT_FAILURE;
+            return Err(Reported);
         }
     };
     let devnull = match fs::File::open("/dev/null") {
         Ok(f) => f,
         Err(e) => {
             eprintln!("checkpointfs: cannot open /dev/null: {}", error_text(&e));
-            return EXIT_FAILURE;
+            return Err(Reported);
         }
     };
     let (reader, writer) = match io::pipe() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("checkpointfs: cannot create a pipe: {}", error_text(&e));
-            return EXIT_FAILURE;
+            return Err(Reported);
         }
     };
     // fork() only duplicates the calling thread; serve() creates threads, so none may exist
     // yet. Nothing before this point starts one, but make sure.
     if thread_count() > 1 {
         eprintln!("checkpointfs: internal error: cannot detach a multi-threaded process; use -f");
-        return EXIT_FAILURE;
+        return Err(Reported);
     }
     let _ = io::stdout().flush();
     let _ = io::stderr().flush();
@@ -105,7 +109,7 @@ pub(crate) fn spawn_daemon(cfg: DaemonConfig, verbose: bool) -> i32 {
             "checkpointfs: fork failed: {}",
             error_text(&io::Error::last_os_error())
         );
-        return EXIT_FAILURE;
+        return Err(Reported);
     }
     if pid == 0 {
         drop(reader);
@@ -124,13 +128,13 @@ fn wait_ready(
     cfg: &DaemonConfig,
     log_path: &Path,
     verbose: bool,
-) -> i32 {
+) -> Result<(), Reported> {
     let failed = |msg: &str| {
         eprintln!(
             "checkpointfs: mount failed: {msg} (see {})",
             log_path.display()
         );
-        EXIT_FAILURE
+        Err(Reported)
     };
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut buf = Vec::new();
@@ -165,7 +169,7 @@ fn wait_ready(
                             cfg.state_dir.display()
                         );
                     }
-                    return EXIT_OK;
+                    return Ok(());
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -227,13 +231,13 @@ fn close_inherited_fds(keep: Option<i32>) {
     }
 }
 
-/// The detached daemon. Returns the process's exit status.
+/// The detached daemon. Returns how the process ends.
 fn daemon_child(
     cfg: DaemonConfig,
     log_file: fs::File,
     devnull: fs::File,
     writer: io::PipeWriter,
-) -> i32 {
+) -> Result<(), Reported> {
     let pipe = Arc::new(Mutex::new(Some(writer)));
     let report_failure = |pipe: &Mutex<Option<io::PipeWriter>>, msg: &str| {
         let taken = pipe.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -267,7 +271,7 @@ fn daemon_child(
         );
         log::error!("{msg}");
         report_failure(&pipe, &msg);
-        return EXIT_FAILURE;
+        return Err(Reported);
     }
     log::info!(
         "checkpointfs {} daemon (pid {}): mounting {} at {}, state dir {}",
@@ -294,12 +298,12 @@ fn daemon_child(
             // parent rather than let it guess.
             report_failure(&pipe, "the filesystem exited before the mount was ready");
             log::info!("daemon exiting");
-            EXIT_OK
+            Ok(())
         }
         Err(e) => {
             log::error!("mount failed: {e}");
             report_failure(&pipe, &e.to_string());
-            EXIT_FAILURE
+            Err(Reported)
         }
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use clap_complete::Shell;
 
-use crate::exit_status::{EXIT_FAILURE, EXIT_OK};
+use crate::cli::exit_status::{EXIT_FAILURE, EXIT_OK};
 
 /// The program name completions are registered for (the binary's name).
 const BIN_NAME: &str = "checkpointfs";

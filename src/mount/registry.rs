@@ -66,10 +66,10 @@ pub(crate) fn is_checkpointfs_process(pid: i32) -> bool {
 /// mount-point files, and the registry entry.
 pub(crate) fn write_pid_and_mountpoint(state_dir: &Path, mountpoint: &Path) -> io::Result<()> {
     let pid = std::process::id();
-    crate::state_dir::write_file(state_dir, PID_FILE, format!("{pid}\n").as_bytes())?;
+    crate::state::dir::write_file(state_dir, PID_FILE, format!("{pid}\n").as_bytes())?;
     let mut mp = mountpoint.as_os_str().as_bytes().to_vec();
     mp.push(b'\n');
-    crate::state_dir::write_file(state_dir, MOUNTPOINT_FILE, &mp)?;
+    crate::state::dir::write_file(state_dir, MOUNTPOINT_FILE, &mp)?;
     // Only `umount`'s exit status for an already unmounted MNT depends on it.
     if let Err(e) = record_mount(mountpoint, state_dir) {
         log::warn!("cannot record the mount in the mount registry: {e}");

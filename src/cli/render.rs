@@ -21,9 +21,7 @@ const STAT_LINE_WIDTH: usize = 80;
 
 /// A report's JSON document, as `--json` prints it (and the daemon sends it to the CLI).
 pub fn to_json<T: Serialize>(report: &T) -> io::Result<String> {
-    let mut s = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
-    s.push('\n');
-    Ok(s)
+    crate::history::logdiff::json_document(report)
 }
 
 // ---- log ----------------------------------------------------------------------------
@@ -123,24 +121,10 @@ pub fn diff_output(
     format: DiffFormat,
     session: Option<&str>,
 ) -> io::Result<String> {
-    let mut report = history.diff_report(from, to, !format.stat)?;
-    if let Some(s) = session {
-        let k = |id: &str| {
-            history.checkpoint_index(id).ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("no checkpoint named '{id}' (see: checkpointfs log MNT)"),
-                )
-            })
-        };
-        let until = to.map(k).transpose()?;
-        let theirs = history.session_changes_between(k(from)?, until, s)?;
-        report.files.retain(|f| theirs.contains_key(&f.path));
-        report.files_changed = report.files.len();
-        report.insertions = report.files.iter().map(|f| f.insertions).sum();
-        report.deletions = report.files.iter().map(|f| f.deletions).sum();
-    }
-    diff_from_report(&report, format)
+    diff_from_report(
+        &history.diff_report_of(from, to, !format.stat, session)?,
+        format,
+    )
 }
 
 /// A diff report (computed here or by the daemon) as `format` asks.

@@ -246,7 +246,7 @@ pub fn mounted_read_only(mountinfo: &[u8], mountpoint: &Path) -> bool {
         .filter_map(|line| {
             let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
             let sep = fields.iter().position(|f| *f == b"-")?;
-            let point = crate::mountinfo::unescape_mountinfo(fields.get(4)?);
+            let point = crate::mount::mountinfo::unescape_mountinfo(fields.get(4)?);
             (sep >= 6 && Path::new(&point) == mountpoint)
                 .then(|| has_ro(fields[5]) || fields.get(sep + 3).is_some_and(|f| has_ro(f)))
         })

@@ -1,0 +1,28 @@
+//! Processes and this process's descriptors: pidfds, closing inherited descriptors.
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// `pidfd_open(2)`: a descriptor that becomes readable when process `pid` exits (`None` if
+/// there is no such process, or the kernel has no pidfds).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "pidfd_open has no libc wrapper; it only opens a process descriptor"
+)]
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes plain integers and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `close_range(first, ~0, 0)`: closes every descriptor from `first` up. Best effort (an
+/// old kernel without it leaves them open).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "close_range has no libc wrapper; it only closes this process's descriptors"
+)]
+pub(crate) fn close_descriptors_from(first: u32) {
+    // SAFETY: close_range(2) only closes descriptors; the caller owns every one from `first`
+    // up and uses none of them afterwards.
+    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+}

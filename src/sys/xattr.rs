@@ -1,0 +1,80 @@
+//! Reading extended attributes of an object reached by fd (or its `/proc` path).
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::RawFd;
+
+use super::{cvt, proc_fd_path};
+
+/// The path an xattr call reaches an object by, and whether it must not follow a symlink
+/// at its end (the `l*xattr` calls).
+///
+/// A regular file or directory is reached through its own O_PATH fd's proc link, followed.
+/// A symlink cannot be: `l*xattr` on that link acts on the procfs link itself, and the
+/// xattr calls refuse O_PATH fds (even `*xattrat` with AT_EMPTY_PATH). So a symlink is
+/// reached as `/proc/self/fd/<parent dir fd>/<name>`, not followed: the proc link
+/// resolves to the parent directory, and the last component is the real symlink.
+pub struct XattrPath {
+    path: CString,
+    pub nofollow: bool,
+}
+
+impl XattrPath {
+    pub fn of_fd(fd: RawFd) -> XattrPath {
+        let mut buf = [0u8; 32];
+        XattrPath {
+            path: proc_fd_path(&mut buf, fd).to_owned(),
+            nofollow: false,
+        }
+    }
+
+    /// `name` in directory `dir`, not followed.
+    pub fn in_dir(dir: RawFd, name: &CStr) -> XattrPath {
+        let mut buf = [0u8; 32];
+        let mut path = proc_fd_path(&mut buf, dir).to_bytes().to_vec();
+        path.push(b'/');
+        path.extend_from_slice(name.to_bytes());
+        XattrPath {
+            // A CStr's bytes hold no NUL, nor does the proc path.
+            path: CString::new(path).expect("no interior NUL"),
+            nofollow: true,
+        }
+    }
+
+    pub fn as_ptr(&self) -> *const libc::c_char {
+        self.path.as_ptr()
+    }
+}
+
+pub fn getxattr(at: &XattrPath, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the path and name are C strings; buf is writable for its length (or empty).
+    let n = unsafe {
+        if at.nofollow {
+            libc::lgetxattr(
+                at.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        } else {
+            libc::getxattr(
+                at.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        }
+    };
+    cvt(n).map(|n| n as usize)
+}
+
+pub fn listxattr(at: &XattrPath, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the path is a C string; buf is writable for its length (or empty).
+    let n = unsafe {
+        if at.nofollow {
+            libc::llistxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        } else {
+            libc::listxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        }
+    };
+    cvt(n).map(|n| n as usize)
+}
