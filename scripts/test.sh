@@ -8,7 +8,8 @@ usage: ./scripts/test.sh [--quick] [--help]
 
 Runs, stopping at the first failure with a clear message:
   1. cargo fmt --check                         (and of the fuzz crate, fuzz/)
-  2. cargo clippy --all-targets -- -D warnings
+  2. cargo clippy --all-targets -- -D warnings -W clippy::undocumented_unsafe_blocks
+                                                (tests included: every unsafe block says why)
   3. cargo build --release
   4. cargo test --release -- --test-threads=2   (integration tests mount real FUSE
      file systems; must not leave mounts or daemons behind; includes tests/fuzz.rs,
@@ -216,7 +217,7 @@ echo "test.sh: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') 
 fmt_check() { cargo fmt --check && cargo fmt --check --manifest-path fuzz/Cargo.toml; }
 step "cargo fmt" "run 'cargo fmt' (and 'cargo fmt --manifest-path fuzz/Cargo.toml') and commit the result" fmt_check
 step "cargo clippy" "fix the clippy warnings above (they are errors here)" \
-    cargo clippy --all-targets -- -D warnings
+    cargo clippy --all-targets -- -D warnings -W clippy::undocumented_unsafe_blocks
 step "cargo build" "the release build failed" cargo build --release
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps 2>/dev/null \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null \

@@ -98,6 +98,7 @@ fn assert_src_on_ext4(m: &TestMount) {
     let c = CString::new(m.src.as_os_str().as_bytes()).unwrap();
     // SAFETY: `st` is writable; `c` is a valid path.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a live out-struct for the call.
     assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
     assert_eq!(
         st.f_type as i64, EXT4_SUPER_MAGIC,
@@ -244,6 +245,7 @@ fn a_forged_handle_never_changes_or_lists_anything_outside_src() {
         );
         let name = c"user.planted";
         let rc =
+            // SAFETY: NUL-terminated path and name, and a buffer live and sized as passed.
             unsafe { libc::fsetxattr(f.as_raw_fd(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
         assert_eq!(rc, -1, "setxattr on a file outside SRC");
     }

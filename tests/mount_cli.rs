@@ -541,6 +541,7 @@ fn mount_then_umount_leaves_no_mount_and_no_process() {
     assert!(mounts_under(&t.root()).is_empty());
     // Reaped by the harness, so the pid is gone, not a zombie.
     assert_eq!(
+        // SAFETY: kill(2) takes plain integers; the pid is this test's own child or daemon.
         unsafe { libc::kill(pid, 0) },
         -1,
         "daemon {pid} still exists"
@@ -802,6 +803,7 @@ fn foreground_mount_serves_until_unmounted() {
 fn sigterm_unmounts_and_exits_cleanly() {
     let t = TestMount::new();
     let pid = t.pid().unwrap();
+    // SAFETY: kill(2) takes plain integers; the pid is this test's own child or daemon.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     assert!(wait_until(Duration::from_secs(30), || !process_alive(pid)));
     let status = reap(pid, Duration::from_secs(5));

@@ -183,6 +183,7 @@ fn src_is_relatime(m: &TestMount) -> bool {
     let c = CString::new(m.src.as_os_str().as_bytes()).unwrap();
     // SAFETY: all-zero is a valid statvfs; a valid path.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a live out-struct for the call.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     st.f_flag & (libc::ST_RELATIME | libc::ST_NOATIME) == libc::ST_RELATIME
 }

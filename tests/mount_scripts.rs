@@ -469,6 +469,7 @@ fn with_checkpoints_unmounts_on_a_signal() {
             "never mounted, or the command never started"
         );
         let t = Instant::now();
+        // SAFETY: kill(2) takes plain integers; `child` is ours and not yet reaped.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let status = child.wait().unwrap();
         let took = t.elapsed().as_secs_f64();
@@ -496,6 +497,7 @@ fn kill_processes_with_args(args: &[&str]) -> usize {
             continue;
         };
         if fs::read(entry.path().join("cmdline")).is_ok_and(|c| c == want) {
+            // SAFETY: kill(2) takes plain integers; the process runs this test's command line.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             killed += 1;
         }
@@ -511,6 +513,7 @@ impl Drop for KillOnDrop {
         if let Some(pid) = self.0
             && common::process_alive(pid)
         {
+            // SAFETY: kill(2) takes plain integers; `pid` is the process this guard started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }

@@ -105,7 +105,9 @@ fn errno<T: std::fmt::Debug>(r: io::Result<T>) -> i32 {
 }
 
 fn lstat(p: &Path) -> libc::stat {
+    // SAFETY: an all-zero libc::stat is a valid value (plain integers).
     let mut st = unsafe { std::mem::zeroed::<libc::stat>() };
+    // SAFETY: a NUL-terminated path and a live out-struct for the call.
     let r = unsafe { libc::lstat(c(p).as_ptr(), &mut st) };
     assert_eq!(r, 0, "lstat {p:?}: {}", io::Error::last_os_error());
     st
@@ -156,6 +158,7 @@ fn hex(d: &[u8]) -> String {
 /// Maps the first `len` bytes of `f` shared and writable, stores `byte` at offset 0 through
 /// the mapping, msyncs it if `sync`, and unmaps.
 fn write_first_byte_mapped(f: &File, len: usize, byte: u8, sync: bool) {
+    // SAFETY: a fresh shared mapping of `len` bytes of `f`, written and unmapped here only.
     unsafe {
         let addr = libc::mmap(
             std::ptr::null_mut(),
@@ -175,6 +178,7 @@ fn write_first_byte_mapped(f: &File, len: usize, byte: u8, sync: bool) {
 }
 
 fn lseek(f: &File, off: i64, whence: i32) -> io::Result<i64> {
+    // SAFETY: a valid fd owned by this test; plain integer arguments.
     cvt(unsafe { libc::lseek(f.as_raw_fd(), off, whence) })
 }
 
@@ -404,6 +408,7 @@ fn fallocate_modes(args: &[&str]) {
     f.write_all_at(&[0xab; 64 * 1024], 0).unwrap();
     f.sync_all().unwrap();
     let fa = |mode: i32, off: i64, len: i64| {
+        // SAFETY: a valid fd owned by this test; plain integer arguments.
         cvt(unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) } as i64)
     };
 
@@ -478,6 +483,7 @@ fn copy_file_range_in_mount(args: &[&str]) {
     let (mut off_in, mut off_out): (i64, i64) = (1000, 10);
     let mut left = 500_000usize;
     while left > 0 {
+        // SAFETY: valid fds owned by this test; the offsets are live locals.
         let n = unsafe {
             libc::copy_file_range(
                 a.as_raw_fd(),
@@ -507,6 +513,7 @@ fn copy_file_range_in_mount(args: &[&str]) {
     let d = File::create(m.mnt.join("d")).unwrap();
     let a3 = File::open(m.mnt.join("a")).unwrap();
     loop {
+        // SAFETY: valid fds owned by this test; the offsets are live locals.
         let n = unsafe {
             libc::copy_file_range(
                 a3.as_raw_fd(),
@@ -542,16 +549,19 @@ fn fsync_fdatasync_fsyncdir(args: &[&str]) {
     for d in [m.mnt.join("dir"), m.mnt.clone()] {
         let dir = File::open(&d).unwrap();
         assert_eq!(
+            // SAFETY: a valid fd owned by this test; plain integer arguments.
             cvt(unsafe { libc::fsync(dir.as_raw_fd()) } as i64).map_err(|e| e.to_string()),
             Ok(0),
             "fsync of dir {d:?}"
         );
         assert_eq!(
+            // SAFETY: a valid fd owned by this test; plain integer arguments.
             cvt(unsafe { libc::fdatasync(dir.as_raw_fd()) } as i64).map_err(|e| e.to_string()),
             Ok(0),
             "fdatasync of dir {d:?}"
         );
     }
+    // SAFETY: a valid fd owned by this test; plain integer arguments.
     assert_eq!(unsafe { libc::syncfs(f.as_raw_fd()) }, 0);
 }
 
@@ -625,10 +635,12 @@ fn setattr_mode_owner_size(args: &[&str]) {
 
     // truncate by path (no open fd involved), shrinking and growing.
     drop(f);
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::truncate(c(&p).as_ptr(), 3) };
     assert_eq!(r, 0, "{}", io::Error::last_os_error());
     assert_eq!(fs::read(&sp).unwrap(), b"012");
     assert_eq!(fs::metadata(&p).unwrap().len(), 3);
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::truncate(c(&p).as_ptr(), 5000) };
     assert_eq!(r, 0, "{}", io::Error::last_os_error());
     let mut want = b"012".to_vec();
@@ -641,6 +653,7 @@ fn setattr_mode_owner_size(args: &[&str]) {
     assert_eq!(fs::read(&sp).unwrap(), b"01");
     assert_eq!(f.metadata().unwrap().len(), 2);
     // truncate of a directory fails as on any filesystem.
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::truncate(c(&m.mnt.join("d")).as_ptr(), 0) };
     assert_eq!(r, -1);
     assert_eq!(
@@ -650,6 +663,7 @@ fn setattr_mode_owner_size(args: &[&str]) {
     // truncate of a read-only (0444) file by root by path works, as underneath.
     fs::write(m.mnt.join("ro"), "readonly").unwrap();
     fs::set_permissions(m.mnt.join("ro"), fs::Permissions::from_mode(0o444)).unwrap();
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::truncate(c(&m.mnt.join("ro")).as_ptr(), 4) };
     assert_eq!(r, 0, "{}", io::Error::last_os_error());
     assert_eq!(fs::read(m.src.join("ro")).unwrap(), b"read");
@@ -671,11 +685,13 @@ fn times_of(p: &Path) -> ((i64, i64), (i64, i64)) {
 }
 
 fn utimensat(p: &Path, t: [libc::timespec; 2], flags: i32) {
+    // SAFETY: `t` is two live timespecs; the path or fd is valid for the call.
     let r = unsafe { libc::utimensat(libc::AT_FDCWD, c(p).as_ptr(), t.as_ptr(), flags) };
     assert_eq!(r, 0, "utimensat {p:?}: {}", io::Error::last_os_error());
 }
 
 fn futimens(f: &File, t: [libc::timespec; 2]) {
+    // SAFETY: `t` is two live timespecs; the path or fd is valid for the call.
     let r = unsafe { libc::futimens(f.as_raw_fd(), t.as_ptr()) };
     assert_eq!(r, 0, "futimens: {}", io::Error::last_os_error());
 }
@@ -859,6 +875,7 @@ fn mkdir_rmdir_unlink(args: &[&str]) {
 }
 
 fn renameat2(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+    // SAFETY: NUL-terminated paths that live for the call; plain integer flags.
     let r = unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -1077,6 +1094,7 @@ fn symlinks(args: &[&str]) {
 }
 
 fn mknod(p: &Path, mode: u32, dev: libc::dev_t) -> io::Result<()> {
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     cvt(unsafe { libc::mknod(c(p).as_ptr(), mode, dev) } as i64).map(|_| ())
 }
 
@@ -1085,6 +1103,7 @@ fn fifo_socket_and_device_nodes(args: &[&str]) {
     let (mn, sr) = (&m.mnt, &m.src);
 
     // FIFO: made through the mount, a FIFO in SRC, and it works as a pipe in the mount.
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::mkfifo(c(&mn.join("fifo")).as_ptr(), 0o644) };
     assert_eq!(r, 0, "{}", io::Error::last_os_error());
     assert!(
@@ -1150,7 +1169,9 @@ fn fifo_socket_and_device_nodes(args: &[&str]) {
 }
 
 fn statvfs(p: &Path) -> libc::statvfs {
+    // SAFETY: an all-zero libc::statvfs is a valid value (plain integers).
     let mut s = unsafe { std::mem::zeroed::<libc::statvfs>() };
+    // SAFETY: a NUL-terminated path and a live out-struct for the call.
     let r = unsafe { libc::statvfs(c(p).as_ptr(), &mut s) };
     assert_eq!(r, 0, "statvfs {p:?}: {}", io::Error::last_os_error());
     s
@@ -1183,6 +1204,7 @@ fn statfs_matches_source(args: &[&str]) {
 }
 
 fn access(p: &Path, mode: i32) -> Result<(), i32> {
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::access(c(p).as_ptr(), mode) };
     if r == 0 {
         Ok(())
@@ -1226,6 +1248,7 @@ fn access_checks(args: &[&str]) {
 
 fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> io::Result<()> {
     let n = CString::new(name).unwrap();
+    // SAFETY: NUL-terminated path and name, and a buffer live and sized as passed.
     let r = unsafe {
         libc::setxattr(
             c(p).as_ptr(),
@@ -1240,6 +1263,7 @@ fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> io::Result<()> {
 
 fn getxattr_raw(p: &Path, name: &str, buf: &mut [u8]) -> io::Result<usize> {
     let n = CString::new(name).unwrap();
+    // SAFETY: NUL-terminated path and name, and a buffer live and sized as passed.
     let r = unsafe {
         libc::getxattr(
             c(p).as_ptr(),
@@ -1260,9 +1284,11 @@ fn getxattr(p: &Path, name: &str) -> io::Result<Vec<u8>> {
 }
 
 fn listxattr(p: &Path) -> BTreeSet<String> {
+    // SAFETY: NUL-terminated path and name, and a buffer live and sized as passed.
     let size = unsafe { libc::listxattr(c(p).as_ptr(), std::ptr::null_mut(), 0) };
     assert!(size >= 0, "listxattr size: {}", io::Error::last_os_error());
     let mut buf = vec![0u8; size as usize];
+    // SAFETY: NUL-terminated path and name, and a buffer live and sized as passed.
     let n = unsafe { libc::listxattr(c(p).as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert!(n >= 0, "listxattr: {}", io::Error::last_os_error());
     buf.truncate(n as usize);
@@ -1274,6 +1300,7 @@ fn listxattr(p: &Path) -> BTreeSet<String> {
 
 fn removexattr(p: &Path, name: &str) -> io::Result<()> {
     let n = CString::new(name).unwrap();
+    // SAFETY: NUL-terminated path and name, and a buffer live and sized as passed.
     cvt(unsafe { libc::removexattr(c(p).as_ptr(), n.as_ptr()) } as i64).map(|_| ())
 }
 
@@ -1848,6 +1875,7 @@ fn fixture(dir: &Path) {
     symlink("README", dir.join("readme-link")).unwrap();
     symlink("src/nested", dir.join("dir-link")).unwrap();
     fs::hard_link(dir.join("README"), dir.join("README.hard")).unwrap();
+    // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
     let r = unsafe { libc::mkfifo(c(&dir.join("pipe")).as_ptr(), 0o600) };
     assert_eq!(r, 0);
 }
@@ -2054,6 +2082,7 @@ fn as_nobody(
     let mut f = f;
     let mut cmd = Command::new("/bin/true");
     cmd.current_dir(cwd);
+    // SAFETY: the closure calls only async-signal-safe setgroups/setgid/setuid in the child.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setgroups(0, std::ptr::null()) != 0
@@ -2116,6 +2145,7 @@ fn creation_as_another_user(args: &[&str]) {
     // root-owned 0755 directory.
     let rootfile = c(&shared.join("rootfile"));
     let r = as_nobody(&shared, move || {
+        // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
         let fd = unsafe { libc::open(rootfile.as_ptr(), libc::O_WRONLY | libc::O_APPEND) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
@@ -2125,6 +2155,7 @@ fn creation_as_another_user(args: &[&str]) {
     assert_eq!(errno(r), libc::EACCES);
     let newfile = c(&m.mnt.join("not-allowed"));
     let r = as_nobody(&shared, move || {
+        // SAFETY: a NUL-terminated path that lives for the call; plain integer arguments.
         let fd = unsafe { libc::open(newfile.as_ptr(), libc::O_WRONLY | libc::O_CREAT, 0o644) };
         if fd < 0 {
             return Err(io::Error::last_os_error());

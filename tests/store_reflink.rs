@@ -135,6 +135,7 @@ fn require_tool(name: &str, package: &str) -> PathBuf {
 fn mount_fresh(fs: Fs) -> Fixture {
     // SAFETY: geteuid has no preconditions.
     assert!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() } == 0,
         "the {} reflink test needs root (loop mounts): run the tests as root, as \
          scripts/test.sh does",

@@ -237,6 +237,7 @@ impl TestMount {
     /// mount (ENOTCONN) in place; `Drop` still detaches it.
     pub fn kill_daemon(&mut self) {
         let pid = self.pid.take().expect("kill_daemon: not mounted");
+        // SAFETY: kill(2) takes plain integers; `pid` is the daemon this mount started.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         wait_until(Duration::from_secs(10), || !process_alive(pid));
         reap(pid, Duration::from_secs(5));
@@ -313,6 +314,7 @@ impl Drop for TestMount {
         }
         if let Some(pid) = self.pid.take() {
             if process_alive(pid) {
+                // SAFETY: kill(2) takes plain integers; `pid` is the daemon this mount started.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             reap(pid, Duration::from_secs(5));
@@ -376,6 +378,8 @@ pub fn rewind(m: &TestMount, id: &str, extra: &[&str]) -> String {
 /// never reaps, leaving zombies for which `kill(pid, 0)` still succeeds).
 fn become_subreaper() {
     static ONCE: Once = Once::new();
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers and changes only which
+    // process reaps this one's orphans.
     ONCE.call_once(|| unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     });
@@ -386,6 +390,7 @@ pub fn reap(pid: i32, timeout: Duration) -> Option<i32> {
     let deadline = Instant::now() + timeout;
     loop {
         let mut status = 0;
+        // SAFETY: `status` is a live i32 for the call; WNOHANG never blocks.
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         if r == pid {
             return Some(status);
@@ -515,6 +520,7 @@ pub fn mounts_under(dir: &Path) -> Vec<(PathBuf, String)> {
 /// Makes the kernel forget every inode it can (FORGETs reach the daemons): sync, then
 /// `echo 3 > /proc/sys/vm/drop_caches`.
 pub fn drop_caches() {
+    // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
     fs::write("/proc/sys/vm/drop_caches", "3\n").expect("echo 3 > /proc/sys/vm/drop_caches");
 }
