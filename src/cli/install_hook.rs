@@ -161,9 +161,9 @@ fn read_settings(path: &Path) -> io::Result<Map<String, Value>> {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Map::new()),
         Err(e) => {
-            return Err(io::Error::new(
-                e.kind(),
-                format!("cannot read {}: {e}", path.display()),
+            return Err(crate::sys::context(
+                format!("cannot read {}", path.display()),
+                e,
             ));
         }
     };
@@ -283,7 +283,7 @@ fn resolve_symlink(path: &Path) -> io::Result<PathBuf> {
 fn write_atomically(path: &Path, settings: &Map<String, Value>) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())))?;
+        .map_err(|e| crate::sys::context(format!("cannot create {}", dir.display()), e))?;
     let mode = fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o7777);
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.checkpointfs-{}.tmp", std::process::id()));
@@ -302,9 +302,9 @@ fn write_atomically(path: &Path, settings: &Map<String, Value>) -> io::Result<()
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cannot write {}: {e}", path.display()),
+        return Err(crate::sys::context(
+            format!("cannot write {}", path.display()),
+            e,
         ));
     }
     Ok(())

@@ -22,7 +22,6 @@ pub mod render;
 
 use std::ffi::OsString;
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -568,7 +567,7 @@ fn install_hook(a: InstallHookArgs) -> i32 {
     } else {
         let script = match &a.hook {
             Some(p) => fs::canonicalize(p)
-                .map_err(|e| io::Error::new(e.kind(), format!("hook script {}: {e}", p.display()))),
+                .map_err(|e| crate::sys::context(format!("hook script {}", p.display()), e)),
             None => ih::find_script(a.agent),
         };
         script.and_then(|s| {

@@ -501,7 +501,7 @@ impl History {
                 } else {
                     "nothing was changed"
                 };
-                return Err(io::Error::new(e.kind(), format!("gc: {e} ({what})")));
+                return Err(crate::sys::context(format!("gc ({what})"), e));
             }
         }
         failpoint("gc-after-rename");

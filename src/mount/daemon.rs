@@ -252,7 +252,7 @@ fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
         .read(true)
         .write(true)
         .open("/dev/fuse")
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot open /dev/fuse: {e}")))?;
+        .map_err(|e| crate::sys::context("cannot open /dev/fuse", e))?;
     let dev = OwnedFd::from(dev);
     let root_mode = std::fs::metadata(&cfg.source)?.mode() & libc::S_IFMT;
     let owner = cfg.owner.unwrap_or(crate::sys::UserIds { uid: 0, gid: 0 });
@@ -285,9 +285,9 @@ fn mount_fuse(cfg: &DaemonConfig) -> io::Result<OwnedFd> {
     };
     if rc != 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("mount of {} failed: {e}", cfg.mountpoint.display()),
+        return Err(crate::sys::context(
+            format!("mount of {} failed", cfg.mountpoint.display()),
+            e,
         ));
     }
     Ok(dev)

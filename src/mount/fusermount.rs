@@ -117,9 +117,9 @@ pub fn mount(
             "fusermount3 exited without handing over the FUSE device for {}",
             mountpoint.display()
         ))),
-        Err(e) => Err(io::Error::new(
-            e.kind(),
-            format!("receiving the FUSE device from fusermount3: {e}"),
+        Err(e) => Err(crate::sys::context(
+            "receiving the FUSE device from fusermount3",
+            e,
         )),
     }
 }

@@ -103,7 +103,7 @@ pub fn start(mount_point: &Path) -> io::Result<Child> {
         .stdout(Stdio::piped())
         .process_group(0)
         .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start the watchdog: {e}")))?;
+        .map_err(|e| crate::sys::context("cannot start the watchdog", e))?;
     // It writes one line, READY or the reason it gave up, and closes stdout; it never waits
     // on the mount, so this read cannot hang on it.
     let mut line = String::new();
@@ -148,16 +148,16 @@ fn open_abort_file(conn: &str) -> io::Result<File> {
             // SAFETY: setns(2) on an open namespace fd; this process has one thread.
             if unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNS) } != 0 {
                 let e = io::Error::last_os_error();
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("cannot leave the private mount namespace: {e}"),
+                return Err(crate::sys::context(
+                    "cannot leave the private mount namespace",
+                    e,
                 ));
             }
             opened
         }
         other => other,
     }
-    .map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
+    .map_err(|e| crate::sys::context(format!("cannot open {}", path.display()), e))
 }
 
 fn mount_private_fusectl() -> io::Result<()> {
@@ -166,7 +166,7 @@ fn mount_private_fusectl() -> io::Result<()> {
             Ok(())
         } else {
             let e = io::Error::last_os_error();
-            Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+            Err(crate::sys::context(what, e))
         }
     };
     check(

@@ -32,9 +32,7 @@ impl StateLock {
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)
-            .map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display()))
-            })?;
+            .map_err(|e| crate::sys::context(format!("cannot open {}", path.display()), e))?;
         // SAFETY: a valid, open descriptor.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
@@ -48,9 +46,9 @@ impl StateLock {
                     ),
                 ));
             }
-            return Err(io::Error::new(
-                e.kind(),
-                format!("cannot lock {}: {e}", path.display()),
+            return Err(crate::sys::context(
+                format!("cannot lock {}", path.display()),
+                e,
             ));
         }
         Ok(StateLock { _file: file })

@@ -369,9 +369,9 @@ pub fn open_source(source: &std::path::Path) -> io::Result<OwnedFd> {
     };
     if raw < 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("cannot open the source directory {}: {e}", source.display()),
+        return Err(crate::sys::context(
+            format!("cannot open the source directory {}", source.display()),
+            e,
         ));
     }
     // SAFETY: fresh fd.

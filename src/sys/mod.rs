@@ -34,9 +34,82 @@ pub fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
 }
 
-/// The errno of `e`, or 0 if it carries none.
+/// The errno of `e`, or 0 if it carries none (looking through [`context`] wraps).
 pub fn errno_of(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(0)
+    os_error(e).unwrap_or(0)
+}
+
+/// The OS error code `e` carries: its own, or that of the error a [`context`] (or
+/// [`clone_error`]) wrap keeps. So an EDQUOT or EROFS deep in a backup still reaches the
+/// caller as EDQUOT or EROFS, never as a generic EIO.
+pub fn os_error(e: &io::Error) -> Option<i32> {
+    if let Some(code) = e.raw_os_error() {
+        return Some(code);
+    }
+    let inner = e.get_ref()?;
+    if let Some(c) = inner.downcast_ref::<Context>() {
+        return os_error(&c.source);
+    }
+    inner.downcast_ref::<Cloned>().and_then(|c| c.errno)
+}
+
+/// An error with what was being done in front of it ("cannot open /x"), keeping the
+/// original as its source: see [`context`].
+#[derive(Debug)]
+pub struct Context {
+    what: String,
+    source: io::Error,
+}
+
+impl std::fmt::Display for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.source)
+    }
+}
+
+impl std::error::Error for Context {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// `e` with `what` in front of it (`"{what}: {e}"`), keeping its kind, and its errno for
+/// [`errno_of`]: the one way to add a path or an action to an `io::Error`. (Rebuilding an
+/// error from its kind and a message would turn EDQUOT, EROFS and the like into EIO.)
+pub fn context(what: impl Into<String>, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        Context {
+            what: what.into(),
+            source: e,
+        },
+    )
+}
+
+/// What [`clone_error`] copies of an error: its message and errno.
+#[derive(Debug)]
+struct Cloned {
+    text: String,
+    errno: Option<i32>,
+}
+
+impl std::fmt::Display for Cloned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Cloned {}
+
+/// A copy of `e` (`io::Error` is not `Clone`): the same kind, message and errno.
+pub fn clone_error(e: &io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        Cloned {
+            text: e.to_string(),
+            errno: os_error(e),
+        },
+    )
 }
 
 /// `e` as a message for a person: without the " (os error N)" the standard library adds.
@@ -82,4 +155,33 @@ pub const DOT: &CStr = c".";
 
 pub fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_errno_survives_every_wrap_and_copy() {
+        for code in [
+            libc::EDQUOT,
+            libc::EROFS,
+            libc::ENOSPC,
+            libc::EIO,
+            libc::ESTALE,
+        ] {
+            let wrapped = context("cannot back up a/b", context("store", errno(code)));
+            assert_eq!(errno_of(&wrapped), code);
+            assert_eq!(wrapped.kind(), errno(code).kind());
+            let copy = clone_error(&wrapped);
+            assert_eq!(errno_of(&copy), code);
+            assert_eq!(copy.to_string(), wrapped.to_string());
+            assert_eq!(errno_of(&context("again", copy)), code);
+        }
+        let e = context("cannot open /x", errno(libc::EROFS));
+        assert!(e.to_string().starts_with("cannot open /x: "), "{e}");
+        assert_eq!(error_text(&e), "cannot open /x: Read-only file system");
+        assert_eq!(errno_of(&io::Error::other("no errno")), 0);
+        assert_eq!(errno_of(&clone_error(&io::Error::other("none"))), 0);
+    }
 }

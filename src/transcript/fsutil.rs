@@ -101,12 +101,7 @@ pub(crate) fn last_complete_line(file: &File, path: &Path) -> io::Result<Option<
     Ok(Some(line))
 }
 
-/// An `io::Error` with `path` in its message, keeping the kind.
+/// An `io::Error` with `path` in its message, keeping the kind and the errno.
 pub(crate) fn with_path(path: &Path, what: &str, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
-}
-
-/// `io::Error` is not `Clone`; this keeps the kind and the message.
-pub(crate) fn clone_error(e: &io::Error) -> io::Error {
-    io::Error::new(e.kind(), e.to_string())
+    crate::sys::context(format!("{what} {}", path.display()), e)
 }

@@ -155,7 +155,7 @@ impl RecordKey {
         let text = match fs::read_to_string(&list) {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", list.display()))),
+            Err(e) => return Err(crate::sys::context(format!("{}", list.display()), e)),
         };
         let want = state_dir.to_string_lossy();
         // The last line for the path: a new history begun there since is the current one.
@@ -190,7 +190,7 @@ impl RecordKey {
             f.write_all(line.as_bytes())?;
             f.sync_all()
         })();
-        appended.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", list.display())))
+        appended.map_err(|e| crate::sys::context(format!("{}", list.display()), e))
     }
 
     fn mac(&self, state_id: &str, path: &str, b: &TrackedFileBackup, meta: &EntryMeta) -> String {
@@ -277,16 +277,16 @@ fn private_dir(dir: &Path, create: bool) -> io::Result<()> {
     if create {
         match fs::DirBuilder::new().mode(0o700).create(dir) {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("creating {}: {e}", dir.display()),
+                return Err(crate::sys::context(
+                    format!("creating {}", dir.display()),
+                    e,
                 ));
             }
             _ => {}
         }
     }
     let m = fs::symlink_metadata(dir)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+        .map_err(|e| crate::sys::context(format!("{}", dir.display()), e))?;
     let (me, shown) = (euid(), dir.display());
     if !m.is_dir() {
         return Err(refused(format!(
@@ -319,7 +319,7 @@ fn read_key(path: &Path) -> io::Result<RecordKey> {
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("record key {}: {e}", path.display())))?;
+        .map_err(|e| crate::sys::context(format!("record key {}", path.display()), e))?;
     let m = f.metadata()?;
     let (me, shown) = (euid(), path.display());
     if !m.is_file() {
@@ -342,7 +342,7 @@ fn read_key(path: &Path) -> io::Result<RecordKey> {
     }
     let mut bytes = Vec::with_capacity(KEY_LEN);
     f.read_to_end(&mut bytes)
-        .map_err(|e| io::Error::new(e.kind(), format!("record key {shown}: {e}")))?;
+        .map_err(|e| crate::sys::context(format!("record key {shown}"), e))?;
     let key: [u8; KEY_LEN] = bytes.as_slice().try_into().map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -384,12 +384,8 @@ fn create_key(dir: &Path, path: &Path) -> io::Result<()> {
         }
     })();
     let _ = fs::remove_file(&tmp);
-    written.map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("creating record key {}: {e}", path.display()),
-        )
-    })?;
+    written
+        .map_err(|e| crate::sys::context(format!("creating record key {}", path.display()), e))?;
     fs::File::open(dir)?.sync_all()?;
     log::info!(
         "created the record key {} (it signs set-id modes in this user's histories; keep it \
@@ -503,7 +499,7 @@ pub fn read_state_id(state_dir: &Path) -> io::Result<Option<StateId>> {
     let text = match fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        Err(e) => return Err(crate::sys::context(format!("{}", path.display()), e)),
     };
     let mut words = text.split_whitespace();
     let (id, complete) = match (words.next(), words.next(), words.next()) {

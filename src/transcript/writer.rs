@@ -329,7 +329,7 @@ impl Worker {
                 for w in waiters {
                     let _ = w.send(match &result {
                         Ok(seq) => Ok(*seq),
-                        Err(e) => Err(fsutil::clone_error(e)),
+                        Err(e) => Err(crate::sys::clone_error(e)),
                     });
                 }
             }
@@ -461,7 +461,7 @@ impl Worker {
         }
         if !self.pending.is_empty() {
             return Err(match &self.last_error {
-                Some(e) => fsutil::clone_error(e),
+                Some(e) => crate::sys::clone_error(e),
                 None => io::Error::other("transcript records not yet written"),
             });
         }

@@ -44,7 +44,7 @@ impl FuseAdapter {
 /// The one io::Error → errno mapping. Errors without an OS code are internal failures
 /// (e.g. a bad record); EIO tells the caller the truth without inventing a cause.
 pub fn errno_of(e: &io::Error) -> Errno {
-    if let Some(code) = e.raw_os_error() {
+    if let Some(code) = crate::sys::os_error(e) {
         return Errno::from_i32(code);
     }
     match e.kind() {
