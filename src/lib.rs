@@ -64,5 +64,6 @@ pub mod sys;
     reason = "the transcript and journal in STATE, never SRC"
 )]
 pub mod transcript;
+pub mod transport;
 pub mod unmount;
 pub mod watchdog;

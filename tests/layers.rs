@@ -29,6 +29,8 @@ const LAYERS: &[&[&str]] = &[
     // rewind (drives the mount through the core), the FUSE adapter, mounting through
     // fusermount3, mount settings, rendering the history's reports
     &["rewind", "fuse_adapter", "fusermount", "settings", "report"],
+    // our FUSE codec and the io_uring queues (below the adapter; uses no crate module)
+    &["transport"],
     // the passthrough core and the mutation gate
     &["fs"],
     // the file-history system; kernel mount options
