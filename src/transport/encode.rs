@@ -209,6 +209,11 @@ impl ReplyBuf {
         &self.buf
     }
 
+    /// The finished reply as it stands (after [`ReplyBuf::finish`] or [`ReplyBuf::error`]).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// The `fuse_out_header` of the finished reply.
     pub fn header(&self) -> &[u8] {
         &self.buf[..OUT_HEADER.min(self.buf.len())]

@@ -236,6 +236,9 @@ impl Queue {
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
+            // Enabled by the serving thread in `register`, which so becomes the ring's
+            // single issuer (it is created here, on the thread that answers INIT).
+            .setup_r_disabled()
             .build((depth as u32).next_power_of_two().max(2))
             .map_err(UringError::Setup)?;
         let entries = (0..depth.max(1))
@@ -274,6 +277,10 @@ impl Queue {
     /// refusal shows as an error completion right away, which this reports; once every
     /// queue has returned Ok, the kernel has switched the connection to the ring.
     pub fn register(&mut self) -> Result<(), UringError> {
+        self.ring
+            .submitter()
+            .register_enable_rings()
+            .map_err(UringError::Setup)?;
         let dev = self.dev.as_raw_fd();
         for i in 0..self.entries.len() {
             let iov = self.entries[i].iov.as_ptr() as u64;
@@ -351,6 +358,18 @@ impl Queue {
         };
         let n = (e.header.ring_ent_in_out.payload_sz as usize).min(e.payload.len());
         decode::decode_split(&e.header.in_out, &e.header.op_in, &e.payload[..n], proto)
+    }
+
+    /// Entry `idx` as the kernel filled it: the whole `fuse_uring_req_header`, and the
+    /// payload's first `payload_sz` bytes (for recording requests).
+    pub fn raw(&self, idx: usize) -> (&[u8], &[u8]) {
+        match self.entries.get(idx) {
+            Some(e) => {
+                let n = (e.header.ring_ent_in_out.payload_sz as usize).min(e.payload.len());
+                (e.header.as_bytes(), &e.payload[..n])
+            }
+            None => (&[], &[]),
+        }
     }
 
     /// The commit id of the request in entry `idx` (what COMMIT_AND_FETCH names).
