@@ -760,6 +760,7 @@ fn read_dev_fuse(
             let use_ring = ring && why_not.is_none();
             let want = abi::FUSE_INIT_EXT
                 | abi::FUSE_MAX_PAGES
+                | fuser::InitFlags::FUSE_DO_READDIRPLUS.bits()
                 | if use_ring { abi::FUSE_OVER_IO_URING } else { 0 };
             let got = flags & want;
             let init = abi::fuse_init_out {

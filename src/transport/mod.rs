@@ -9,3 +9,6 @@ pub mod abi;
 pub mod decode;
 pub mod encode;
 pub mod uring;
+
+#[cfg(test)]
+mod tests;
