@@ -158,10 +158,12 @@ fn handle(toy: &Mutex<Toy>, req: &Request<'_>, out: &mut ReplyBuf) -> (bool, Hoo
     let zero = Duration::ZERO;
     let entry_of = |toy: &Toy, ino: u64, out: &mut ReplyBuf| match toy.attr(ino) {
         Some(a) => {
+            // Entries cached for an hour (the kernel updates them for its own changes), so a
+            // getxattr on a name is one round trip; attributes not cached.
             out.start(unique).entry(&Entry {
                 nodeid: ino,
                 generation: 0,
-                entry_ttl: zero,
+                entry_ttl: Duration::from_secs(3600),
                 attr_ttl: zero,
                 attr: &a,
             });
