@@ -525,13 +525,16 @@ impl Server {
     }
 }
 
+/// The ring's registration outcome, set once (None until every queue answered).
+type RingReady = (Mutex<Option<Result<(), String>>>, std::sync::Condvar);
+
 /// Everything a running mount needs to be stopped.
 struct Mounted {
     mnt: PathBuf,
     user: bool,
     reader: std::thread::JoinHandle<()>,
     queues: Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>,
-    ring_ready: Arc<(Mutex<Option<Result<(), String>>>, std::sync::Condvar)>,
+    ring_ready: Arc<RingReady>,
 }
 
 fn mount(mnt: &Path, user: bool) -> Res<OwnedFd> {
@@ -688,7 +691,7 @@ fn read_dev_fuse(
     depth: usize,
     handover: bool,
     queues: &Mutex<Vec<std::thread::JoinHandle<()>>>,
-    ring_ready: &Arc<(Mutex<Option<Result<(), String>>>, std::sync::Condvar)>,
+    ring_ready: &Arc<RingReady>,
     init_done: &(Mutex<bool>, std::sync::Condvar),
 ) {
     let mut buf = vec![0u8; MAX_WRITE as usize + 4096];
@@ -811,7 +814,7 @@ fn start_queues(
     server: &Arc<Server>,
     handover: bool,
     queues: &Mutex<Vec<std::thread::JoinHandle<()>>>,
-    ring_ready: &Arc<(Mutex<Option<Result<(), String>>>, std::sync::Condvar)>,
+    ring_ready: &Arc<RingReady>,
 ) {
     let total = prepared.len();
     let outcomes = Arc::new(Mutex::new(Vec::<Result<(), String>>::new()));
