@@ -4,7 +4,7 @@
 //! A tiny in-memory filesystem served by one decoder and one encoder over both transports:
 //!
 //! ```text
-//! uring_proof proof [--mnt DIR] [--iters N] [--rounds R] [--user]
+//! uring_proof proof [--mnt DIR] [--iters N] [--rounds R] [--pin CPU] [--user]
 //!     mounts, does INIT over /dev/fuse (with FUSE_OVER_IO_URING when asked), registers one
 //!     queue per possible CPU, checks that a GETATTR of the root and a LOOKUP (ENOENT) are
 //!     served over the ring, and times a bare round trip (getxattr -> ENODATA) on /dev/fuse
@@ -1007,6 +1007,8 @@ fn proof(flags: &Flags) -> Res<()> {
         .value("--rounds")
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    // --pin CPU: the timing caller stays on one CPU (so on one ring queue).
+    let pin: Option<usize> = flags.value("--pin").and_then(|v| v.parse().ok());
     println!(
         "enable_uring: {:?}; queues (possible CPUs): {}; euid {}",
         uring::enable_uring_param(),
@@ -1069,6 +1071,9 @@ fn proof(flags: &Flags) -> Res<()> {
                 DEV_REQUESTS.load(Ordering::Relaxed),
                 RING_REQUESTS.load(Ordering::Relaxed),
             );
+            if let Some(cpu) = pin {
+                uring::pin_to_cpu(cpu)?;
+            }
             let r = time_roundtrip(&mnt.join("f"), iters);
             let after = (
                 DEV_REQUESTS.load(Ordering::Relaxed),
