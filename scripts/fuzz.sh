@@ -3,7 +3,7 @@
 # each, from the committed corpus. Run with --help for usage.
 set -euo pipefail
 
-TARGETS=(transcript journal control ctl)
+TARGETS=(transcript journal control ctl fuse_decode)
 usage() {
     cat <<EOF
 usage: scripts/fuzz.sh [TARGET...]   (default: ${TARGETS[*]})

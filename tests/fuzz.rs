@@ -240,3 +240,15 @@ fn fuzz_control_requests() {
 fn fuzz_ctl_lines() {
     fuzz("ctl", props::check_ctl);
 }
+
+/// The FUSE request decoder, as a /dev/fuse read and as a ring entry (issue 26).
+#[test]
+fn fuzz_fuse_decoder() {
+    let accepted = Cell::new(0u64);
+    fuzz("fuse_decode", |input| {
+        if props::check_fuse_decode(input) {
+            accepted.set(accepted.get() + 1);
+        }
+    });
+    assert!(accepted.get() > 0, "no input decoded as a request");
+}

@@ -177,3 +177,60 @@ pub fn check_ctl(input: &[u8]) {
         assert_eq!(whole.rest, second.rest, "cut at {cut}");
     }
 }
+
+/// The FUSE request decoder (src/transport/decode.rs) on `input` as a `/dev/fuse` read and
+/// as a ring entry (the first 288 bytes a `fuse_uring_req_header`, the rest the payload, cut
+/// to its `payload_sz`), under both SETXATTR layouts. It must not panic; an accepted
+/// `/dev/fuse` request is exactly as long as its header says; a failure keeps the header
+/// when one was readable; and the ring entry, laid out as `/dev/fuse` would deliver it,
+/// decodes to the same request. True when the `/dev/fuse` decoding accepted the input.
+pub fn check_fuse_decode(input: &[u8]) -> bool {
+    use checkpointfs::transport::decode::{Proto, decode, decode_split};
+    let mut accepted = false;
+    for setxattr_ext in [false, true] {
+        let proto = Proto {
+            minor: 45,
+            setxattr_ext,
+        };
+        match decode(input, &proto) {
+            Ok(r) => {
+                assert_eq!(
+                    r.header.len as usize,
+                    input.len(),
+                    "accepted a wrong length"
+                );
+                accepted = true;
+            }
+            Err(e) => assert_eq!(
+                e.header.is_some(),
+                input.len() >= 40,
+                "a readable header was dropped (or invented): {e}"
+            ),
+        }
+        if input.len() < 288 {
+            continue;
+        }
+        let (in_out, op_in) = (&input[..128], &input[128..256]);
+        let payload_sz = u32::from_ne_bytes([input[272], input[273], input[274], input[275]]);
+        let payload = &input[288..];
+        let payload = &payload[..(payload_sz as usize).min(payload.len())];
+        if let Ok(split) = decode_split(in_out, op_in, payload, &proto) {
+            let fixed = split.header.len as usize - 40 - payload.len();
+            let mut joined = in_out[..40].to_vec();
+            joined.extend_from_slice(&op_in[..fixed]);
+            joined.extend_from_slice(payload);
+            // Where op_in held nothing (the name-only opcodes), both layouts are the same
+            // bytes in the same order and must decode alike. (With a fixed struct longer than
+            // the decoder reads, a newer kernel's, they legitimately differ.)
+            if fixed == 0 {
+                let whole = decode(&joined, &proto).map(|r| format!("{:?}", r.op));
+                assert_eq!(
+                    whole.as_deref().ok(),
+                    Some(format!("{:?}", split.op).as_str()),
+                    "ring and /dev/fuse layouts disagree"
+                );
+            }
+        }
+    }
+    accepted
+}
