@@ -63,6 +63,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use base16ct::lower as hex;
 use sha2::{Digest, Sha256};
 
 mod linked;
@@ -305,7 +306,7 @@ impl Store {
         };
         let mut buf = vec![0u8; BUF_SIZE];
         let (hasher, _) = hash_file(&file, &mut buf)?;
-        Ok(hex(&hasher.finalize()) == name)
+        Ok(hex::encode_string(&hasher.finalize()) == name)
     }
 
     /// Whether an object with this name is stored (a regular file, or a pack entry).
@@ -501,7 +502,7 @@ impl Store {
         let digest: [u8; 32] = Sha256::digest(data).into();
         let reused = self.packs.put(&self.dir_fd, &digest, data, self.policy)?;
         Ok(StoredObject {
-            name: hex(&digest),
+            name: hex::encode_string(&digest),
             size: data.len() as u64,
             reused,
             method: if reused {
@@ -582,7 +583,7 @@ impl Store {
             // Data and mode must be on disk before the name can point at them (invariant 2).
             crate::state::durability::sync_file(&temp.file, false)?;
         }
-        let name = hex(&hasher.finalize());
+        let name = hex::encode_string(&hasher.finalize());
         let cname = object_cname(&name)?;
 
         let reused = match stat_at(&self.dir_fd, &cname)? {
@@ -934,7 +935,7 @@ fn hash_file(file: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
 /// without reading its holes.
 pub fn content_hash(file: &File) -> io::Result<String> {
     let mut buf = vec![0u8; BUF_SIZE];
-    Ok(hex(&hash_file(file, &mut buf)?.0.finalize()))
+    Ok(hex::encode_string(&hash_file(file, &mut buf)?.0.finalize()))
 }
 
 /// Copies `src` (from offset 0 to EOF) over `dst`, which must be empty, keeping holes: only
@@ -1026,18 +1027,7 @@ fn object_cname(name: &str) -> io::Result<CString> {
 /// The name an object with content `data` has (or would have) in the store: the lowercase hex
 /// SHA-256 of `data`.
 pub fn object_name(data: &[u8]) -> String {
-    hex(&Sha256::digest(data))
-}
-
-/// Lowercase hex of a digest.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    s
+    hex::encode_string(&Sha256::digest(data))
 }
 
 fn is_regular(st: &libc::stat) -> bool {
@@ -1166,7 +1156,7 @@ mod tests {
     const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
     fn sha256_hex(data: &[u8]) -> String {
-        hex(&Sha256::digest(data))
+        hex::encode_string(&Sha256::digest(data))
     }
 
     /// Deterministic pseudo-random bytes (xorshift64*), so big test files are not compressible

@@ -21,13 +21,13 @@
 //!    history this daemon wrote with its key always verifies.
 //! 4. The key is 32 random bytes in `record.key`, 0600 in a 0700 directory, both owned by the
 //!    daemon's euid and writable by no one else; anything else is refused, never repaired.
-use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use base16ct::lower as hex;
 use sha2::{Digest, Sha256};
 
 use super::record::{EntryKind, EntryMeta, Record, TrackedFileBackup};
@@ -106,13 +106,6 @@ pub fn canonical(state_id: &str, path: &str, b: &TrackedFileBackup, meta: &Entry
         out.extend_from_slice(&n.to_be_bytes());
     }
     out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// A line of [`SIGNED_LIST_FILE`].
@@ -194,7 +187,7 @@ impl RecordKey {
     }
 
     fn mac(&self, state_id: &str, path: &str, b: &TrackedFileBackup, meta: &EntryMeta) -> String {
-        hex(&hmac_sha256(&self.key, &canonical(state_id, path, b, meta)))
+        hex::encode_string(&hmac_sha256(&self.key, &canonical(state_id, path, b, meta)))
     }
 
     /// The key of the user this process runs as (its euid), created if there is none yet.
@@ -538,7 +531,7 @@ pub fn write_state_id(state_dir: &Path, id: &StateId) -> io::Result<()> {
 pub fn new_state_id() -> io::Result<String> {
     let mut id = [0u8; 16];
     fs::File::open("/dev/urandom")?.read_exact(&mut id)?;
-    Ok(hex(&id))
+    Ok(hex::encode_string(&id))
 }
 
 #[cfg(test)]
@@ -547,13 +540,6 @@ mod tests {
     use crate::transcript::testutil::file_entry;
 
     const T: &str = "2026-01-02T03:04:05Z";
-
-    fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     /// RFC 4231 test cases 1, 2 and 6 (a key longer than the block).
     #[test]
@@ -576,7 +562,10 @@ mod tests {
             ),
         ];
         for (key, msg, want) in cases {
-            assert_eq!(hmac_sha256(&key, msg).to_vec(), unhex(want));
+            assert_eq!(
+                hmac_sha256(&key, msg).to_vec(),
+                hex::decode_vec(want).unwrap()
+            );
         }
     }
 
