@@ -53,7 +53,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
-use std::fs::{DirBuilder, File, OpenOptions, Permissions};
+use std::fs::{DirBuilder, File, OpenOptions, Permissions, TryLockError};
 use std::io::{self, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -550,7 +550,7 @@ impl Store {
             };
             // The lock tells `remove_stale_temps` that this temp is alive. It is best effort:
             // a filesystem without flock only loses that protection, not the backup.
-            if let Err(e) = flock(&temp.file, libc::LOCK_EX) {
+            if let Err(e) = temp.file.lock() {
                 log::debug!(
                     "store: cannot flock temp file in {}: {e}",
                     self.dir.display()
@@ -685,11 +685,11 @@ impl Store {
             if !file.metadata()?.is_file() {
                 continue;
             }
-            match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            match file.try_lock() {
                 Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => continue,
+                Err(TryLockError::WouldBlock) => continue,
                 // No flock on this filesystem: nothing can be told apart, treat it as stale.
-                Err(_) => {}
+                Err(TryLockError::Error(_)) => {}
             }
             match unlink_at(&self.dir_fd, &cname) {
                 Ok(()) => removed += 1,
@@ -1132,20 +1132,6 @@ fn sealed_memfd(data: &[u8]) -> io::Result<File> {
         return Err(io::Error::last_os_error());
     }
     Ok(file)
-}
-
-/// `flock`, retried on EINTR.
-fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
-    loop {
-        // SAFETY: `file` is an open fd; flock touches no memory of ours.
-        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use base16ct::lower as hex;
 use sha2::{Digest, Sha256};
 
-use super::{SyncPolicy, flock, openat, unlink_at, write_all_at};
+use super::{SyncPolicy, openat, unlink_at, write_all_at};
 
 /// The entry header's first four bytes.
 const MAGIC: [u8; 4] = *b"cpo1";
@@ -642,7 +642,7 @@ impl Packs {
         if let Some((pack, _)) = last {
             match open_pack(dir, pack, libc::O_RDWR) {
                 Ok(file) => {
-                    if flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+                    if file.try_lock().is_ok() {
                         // Locked: nobody else appends now, so a walk to the end is final.
                         let from = lock(&self.index).walked.get(&pack).copied().unwrap_or(0);
                         let (found, end) = walk(&file, from)?;
@@ -684,7 +684,7 @@ impl Packs {
         loop {
             match open_pack(dir, pack, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
                 Ok(file) => {
-                    flock(&file, libc::LOCK_EX)?;
+                    file.lock()?;
                     return Ok((pack, file));
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
