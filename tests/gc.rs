@@ -19,10 +19,7 @@ use common::{TestMount, cli, cli_ok as checked, stderr, stdout, tree_listing};
 use sha2::{Digest, Sha256};
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    base16ct::lower::encode_string(&Sha256::digest(data))
 }
 
 /// What a path holds in the model: a file's bytes or a symlink's target.

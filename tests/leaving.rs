@@ -31,10 +31,7 @@ fn content(seed: u64) -> Vec<u8> {
 }
 
 fn object(m: &TestMount, data: &[u8]) -> PathBuf {
-    let name: String = Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let name = base16ct::lower::encode_string(&Sha256::digest(data));
     m.state.join("backups").join(name)
 }
 

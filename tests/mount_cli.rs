@@ -343,7 +343,7 @@ fn default_state_dir_is_derived_from_source_and_checked() {
     let t = fresh();
     let xdg = t.src.join("xdg");
     let digest = Sha256::digest(t.src.as_os_str().as_encoded_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = base16ct::lower::encode_string(&digest[..8]);
     let expected = xdg.join("checkpointfs").join(format!("src-{hex}"));
     let msg = format!("state dir {} is inside the source", expected.display());
     assert_refused(

@@ -300,10 +300,7 @@ fn with_checkpoints_runs_unmounts_and_the_edit_can_be_rewound() {
 fn stable_mountpoint(xdg_runtime_dir: &Path, src: &Path) -> PathBuf {
     use sha2::{Digest, Sha256};
     let src = fs::canonicalize(src).unwrap();
-    let hex: String = Sha256::digest(src.as_os_str().as_encoded_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = base16ct::lower::encode_string(&Sha256::digest(src.as_os_str().as_encoded_bytes()));
     xdg_runtime_dir.join("checkpointfs").join(format!(
         "{}-{}",
         src.file_name().unwrap().to_string_lossy(),

@@ -148,11 +148,7 @@ fn sha_file(p: &Path) -> String {
         }
         h.update(&buf[..n]);
     }
-    hex(&h.finalize())
-}
-
-fn hex(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    base16ct::lower::encode_string(&h.finalize())
 }
 
 /// Maps the first `len` bytes of `f` shared and writable, stores `byte` at offset 0 through
@@ -313,7 +309,7 @@ fn large_file_roundtrip(args: &[&str]) {
     }
     f.sync_all().unwrap();
     drop(f);
-    let want = hex(&h.finalize());
+    let want = base16ct::lower::encode_string(&h.finalize());
     assert_eq!(fs::metadata(&p).unwrap().len(), 64 * MIB as u64);
     assert_eq!(
         fs::metadata(m.src.join("big.bin")).unwrap().len(),

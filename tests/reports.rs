@@ -16,10 +16,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    base16ct::lower::encode_string(&Sha256::digest(data))
 }
 
 fn sh(m: &TestMount, script: &str) {

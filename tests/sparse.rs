@@ -46,7 +46,7 @@ fn sha_of(path: &Path) -> String {
         }
         hasher.update(&buf[..n]);
     }
-    hex(&hasher.finalize())
+    base16ct::lower::encode_string(&hasher.finalize())
 }
 
 /// The SHA-256 of `len` zero bytes with `byte` at `at` (if any).
@@ -66,11 +66,7 @@ fn expected_sha(len: u64, byte: Option<(u64, u8)>) -> String {
         }
         off += n;
     }
-    hex(&hasher.finalize())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    base16ct::lower::encode_string(&hasher.finalize())
 }
 
 fn seek_data(path: &Path, from: i64) -> Result<i64, i32> {

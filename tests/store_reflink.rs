@@ -184,10 +184,7 @@ fn mount_fresh(fs: Fs) -> Fixture {
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    base16ct::lower::encode_string(&Sha256::digest(data))
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*).

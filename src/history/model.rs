@@ -413,7 +413,7 @@ mod tests {
     }
 
     fn obj(n: u8) -> String {
-        format!("{n:02x}").repeat(32)
+        base16ct::lower::encode_string(&[n; 32])
     }
 
     fn update(seq: u64, path: &str, b: TrackedFileBackup) -> Record {

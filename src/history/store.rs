@@ -53,7 +53,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
-use std::fs::{DirBuilder, File, OpenOptions, Permissions};
+use std::fs::{DirBuilder, File, OpenOptions, Permissions, TryLockError};
 use std::io::{self, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -63,6 +63,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use base16ct::lower as hex;
 use sha2::{Digest, Sha256};
 
 mod linked;
@@ -305,7 +306,7 @@ impl Store {
         };
         let mut buf = vec![0u8; BUF_SIZE];
         let (hasher, _) = hash_file(&file, &mut buf)?;
-        Ok(hex(&hasher.finalize()) == name)
+        Ok(hex::encode_string(&hasher.finalize()) == name)
     }
 
     /// Whether an object with this name is stored (a regular file, or a pack entry).
@@ -501,7 +502,7 @@ impl Store {
         let digest: [u8; 32] = Sha256::digest(data).into();
         let reused = self.packs.put(&self.dir_fd, &digest, data, self.policy)?;
         Ok(StoredObject {
-            name: hex(&digest),
+            name: hex::encode_string(&digest),
             size: data.len() as u64,
             reused,
             method: if reused {
@@ -549,7 +550,7 @@ impl Store {
             };
             // The lock tells `remove_stale_temps` that this temp is alive. It is best effort:
             // a filesystem without flock only loses that protection, not the backup.
-            if let Err(e) = flock(&temp.file, libc::LOCK_EX) {
+            if let Err(e) = temp.file.lock() {
                 log::debug!(
                     "store: cannot flock temp file in {}: {e}",
                     self.dir.display()
@@ -582,7 +583,7 @@ impl Store {
             // Data and mode must be on disk before the name can point at them (invariant 2).
             crate::state::durability::sync_file(&temp.file, false)?;
         }
-        let name = hex(&hasher.finalize());
+        let name = hex::encode_string(&hasher.finalize());
         let cname = object_cname(&name)?;
 
         let reused = match stat_at(&self.dir_fd, &cname)? {
@@ -684,11 +685,11 @@ impl Store {
             if !file.metadata()?.is_file() {
                 continue;
             }
-            match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            match file.try_lock() {
                 Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => continue,
+                Err(TryLockError::WouldBlock) => continue,
                 // No flock on this filesystem: nothing can be told apart, treat it as stale.
-                Err(_) => {}
+                Err(TryLockError::Error(_)) => {}
             }
             match unlink_at(&self.dir_fd, &cname) {
                 Ok(()) => removed += 1,
@@ -934,7 +935,7 @@ fn hash_file(file: &File, buf: &mut [u8]) -> io::Result<(Sha256, u64)> {
 /// without reading its holes.
 pub fn content_hash(file: &File) -> io::Result<String> {
     let mut buf = vec![0u8; BUF_SIZE];
-    Ok(hex(&hash_file(file, &mut buf)?.0.finalize()))
+    Ok(hex::encode_string(&hash_file(file, &mut buf)?.0.finalize()))
 }
 
 /// Copies `src` (from offset 0 to EOF) over `dst`, which must be empty, keeping holes: only
@@ -1026,18 +1027,7 @@ fn object_cname(name: &str) -> io::Result<CString> {
 /// The name an object with content `data` has (or would have) in the store: the lowercase hex
 /// SHA-256 of `data`.
 pub fn object_name(data: &[u8]) -> String {
-    hex(&Sha256::digest(data))
-}
-
-/// Lowercase hex of a digest.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    s
+    hex::encode_string(&Sha256::digest(data))
 }
 
 fn is_regular(st: &libc::stat) -> bool {
@@ -1144,20 +1134,6 @@ fn sealed_memfd(data: &[u8]) -> io::Result<File> {
     Ok(file)
 }
 
-/// `flock`, retried on EINTR.
-fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
-    loop {
-        // SAFETY: `file` is an open fd; flock touches no memory of ours.
-        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1166,7 +1142,7 @@ mod tests {
     const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
     fn sha256_hex(data: &[u8]) -> String {
-        hex(&Sha256::digest(data))
+        hex::encode_string(&Sha256::digest(data))
     }
 
     /// Deterministic pseudo-random bytes (xorshift64*), so big test files are not compressible

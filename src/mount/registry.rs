@@ -94,8 +94,7 @@ pub(crate) fn mount_registry() -> Option<PathBuf> {
 
 pub(crate) fn registry_entry(mountpoint: &Path) -> Option<PathBuf> {
     let digest = Sha256::digest(mountpoint.as_os_str().as_bytes());
-    let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    Some(mount_registry()?.join(name))
+    Some(mount_registry()?.join(base16ct::lower::encode_string(&digest[..16])))
 }
 
 pub(crate) fn record_mount(mountpoint: &Path, state_dir: &Path) -> io::Result<()> {

@@ -191,9 +191,7 @@ pub fn default_state_dir(
     let digest = Sha256::digest(canonical_src.as_os_str().as_bytes());
     let mut name = OsString::from(canonical_src.file_name().unwrap_or(OsStr::new("root")));
     name.push("-");
-    for b in &digest[..8] {
-        name.push(format!("{b:02x}"));
-    }
+    name.push(base16ct::lower::encode_string(&digest[..8]));
     Some(base.join("checkpointfs").join(name))
 }
 
@@ -742,7 +740,7 @@ mod tests {
     fn default_state_dir_derivation() {
         let src = Path::new("/home/u/proj");
         let digest = Sha256::digest(b"/home/u/proj");
-        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let hex = base16ct::lower::encode_string(&digest[..8]);
         assert_eq!(hex.len(), 16);
         let expect = |base: &str| PathBuf::from(format!("{base}/checkpointfs/proj-{hex}"));
 

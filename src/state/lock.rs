@@ -5,16 +5,16 @@
 //! it compacts an unmounted state dir, so a mount cannot start in the middle of a gc, and a
 //! gc cannot start under a running daemon. Readers (`log`, `diff`, `status --state-dir`)
 //! change nothing and do not take it.
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The lock file's name in the state dir.
 pub const LOCK_FILE: &str = "lock";
 
-/// Holds `STATE/lock` (an exclusive `flock`) until dropped.
+/// Holds `STATE/lock` (an exclusive `flock`: std's `File::try_lock` is flock(2) on Linux, so
+/// flock(1) and older binaries see the same lock) until dropped.
 #[derive(Debug)]
 pub struct StateLock {
     _file: File,
@@ -33,25 +33,21 @@ impl StateLock {
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| crate::sys::context(format!("cannot open {}", path.display()), e))?;
-        // SAFETY: a valid, open descriptor.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!(
-                        "the state dir {} is in use by another checkpointfs process (a running \
-                         mount, or a gc of it)",
-                        state_dir.display()
-                    ),
-                ));
-            }
-            return Err(crate::sys::context(
+        match file.try_lock() {
+            Ok(()) => Ok(StateLock { _file: file }),
+            Err(TryLockError::WouldBlock) => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "the state dir {} is in use by another checkpointfs process (a running \
+                     mount, or a gc of it)",
+                    state_dir.display()
+                ),
+            )),
+            Err(TryLockError::Error(e)) => Err(crate::sys::context(
                 format!("cannot lock {}", path.display()),
                 e,
-            ));
+            )),
         }
-        Ok(StateLock { _file: file })
     }
 }
 

@@ -21,14 +21,15 @@
 //!    history this daemon wrote with its key always verifies.
 //! 4. The key is 32 random bytes in `record.key`, 0600 in a 0700 directory, both owned by the
 //!    daemon's euid and writable by no one else; anything else is refused, never repaired.
-use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
+use base16ct::lower as hex;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
 
 use super::record::{EntryKind, EntryMeta, Record, TrackedFileBackup};
 
@@ -52,24 +53,12 @@ pub fn needs_mac(meta: Option<&EntryMeta>) -> bool {
     })
 }
 
-/// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
-pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut k = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let inner = Sha256::new()
-        .chain_update(k.map(|b| b ^ 0x36))
-        .chain_update(msg)
-        .finalize();
-    let outer = Sha256::new()
-        .chain_update(k.map(|b| b ^ 0x5c))
-        .chain_update(inner)
-        .finalize();
-    outer.into()
+/// HMAC-SHA256 (RFC 2104) of `msg` under `key`, to finalize or verify.
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> Hmac<Sha256> {
+    let mut mac =
+        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(msg);
+    mac
 }
 
 /// The bytes a MAC covers (invariant 2): the domain, then the state id, the path, the
@@ -106,13 +95,6 @@ pub fn canonical(state_id: &str, path: &str, b: &TrackedFileBackup, meta: &Entry
         out.extend_from_slice(&n.to_be_bytes());
     }
     out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// A line of [`SIGNED_LIST_FILE`].
@@ -194,7 +176,26 @@ impl RecordKey {
     }
 
     fn mac(&self, state_id: &str, path: &str, b: &TrackedFileBackup, meta: &EntryMeta) -> String {
-        hex(&hmac_sha256(&self.key, &canonical(state_id, path, b, meta)))
+        let mac = hmac_sha256(&self.key, &canonical(state_id, path, b, meta));
+        hex::encode_string(&mac.finalize().into_bytes())
+    }
+
+    /// Whether `mac` (lowercase hex, as [`RecordKey::mac`] writes it) is this key's MAC of
+    /// the entry.
+    fn verifies(
+        &self,
+        mac: &str,
+        state_id: &str,
+        path: &str,
+        b: &TrackedFileBackup,
+        meta: &EntryMeta,
+    ) -> bool {
+        // `verify_slice` compares in constant time: how much of a guess matched must not show.
+        hex::decode_vec(mac).is_ok_and(|tag| {
+            hmac_sha256(&self.key, &canonical(state_id, path, b, meta))
+                .verify_slice(&tag)
+                .is_ok()
+        })
     }
 
     /// The key of the user this process runs as (its euid), created if there is none yet.
@@ -360,12 +361,12 @@ fn read_key(path: &Path) -> io::Result<RecordKey> {
     })
 }
 
-/// Creates the key at `path` atomically: 32 bytes from /dev/urandom into a temporary file
+/// Creates the key at `path` atomically: 32 bytes from getrandom(2) into a temporary file
 /// (O_EXCL, O_NOFOLLOW, 0600), synced, then hard-linked to its name, which fails if the name
 /// exists (a concurrent mount made the key first: theirs is kept and read).
 fn create_key(dir: &Path, path: &Path) -> io::Result<()> {
     let mut key = [0u8; KEY_LEN];
-    fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    getrandom::fill(&mut key)?;
     let tmp = dir.join(format!(".{KEY_FILE}.{}.tmp", std::process::id()));
     // A temp file left by a crash of this pid's predecessor is only ever ours.
     let _ = fs::remove_file(&tmp);
@@ -457,16 +458,10 @@ impl Signer {
                 ));
             }
         };
-        let expected = key.mac(&self.state_id, path, b, meta);
-        let fine = b.mac.as_ref().is_some_and(|mac| {
-            // Constant time: how much of a guess matched must not show.
-            mac.len() == expected.len()
-                && mac
-                    .bytes()
-                    .zip(expected.bytes())
-                    .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-                    == 0
-        });
+        let fine = b
+            .mac
+            .as_ref()
+            .is_some_and(|mac| key.verifies(mac, &self.state_id, path, b, meta));
         (!fine).then(|| {
             format!(
                 "{what} {} the record key {} (set-id modes are restored only as this daemon \
@@ -534,11 +529,11 @@ pub fn write_state_id(state_dir: &Path, id: &StateId) -> io::Result<()> {
     fs::File::open(state_dir)?.sync_all()
 }
 
-/// A fresh random state id (16 bytes from /dev/urandom, in hex).
+/// A fresh random state id (16 bytes from getrandom(2), in hex).
 pub fn new_state_id() -> io::Result<String> {
     let mut id = [0u8; 16];
-    fs::File::open("/dev/urandom")?.read_exact(&mut id)?;
-    Ok(hex(&id))
+    getrandom::fill(&mut id)?;
+    Ok(hex::encode_string(&id))
 }
 
 #[cfg(test)]
@@ -547,13 +542,6 @@ mod tests {
     use crate::transcript::testutil::file_entry;
 
     const T: &str = "2026-01-02T03:04:05Z";
-
-    fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
 
     /// RFC 4231 test cases 1, 2 and 6 (a key longer than the block).
     #[test]
@@ -576,7 +564,9 @@ mod tests {
             ),
         ];
         for (key, msg, want) in cases {
-            assert_eq!(hmac_sha256(&key, msg).to_vec(), unhex(want));
+            let want = hex::decode_vec(want).unwrap();
+            assert_eq!(hmac_sha256(&key, msg).finalize().into_bytes()[..], want);
+            assert!(hmac_sha256(&key, msg).verify_slice(&want).is_ok());
         }
     }
 
@@ -658,6 +648,18 @@ mod tests {
         wrong.mac = Some("00".repeat(32));
         let why = s.check("bin/tool", &wrong).unwrap();
         assert!(why.contains("a signature not made by"), "{why}");
+        // The right MAC spelled otherwise than the signer writes it: only its lowercase hex
+        // is taken.
+        let mac = good.mac.clone().unwrap();
+        for spelled in [
+            mac.to_uppercase(),
+            mac[..62].to_string(),
+            format!("{mac}00"),
+            format!(" {mac}"),
+        ] {
+            wrong.mac = Some(spelled);
+            assert!(s.check("bin/tool", &wrong).is_some(), "{:?}", wrong.mac);
+        }
         let other = signed(&signer(8, s.state_id()), "bin/tool", setuid(2, 1000));
         assert!(s.check("bin/tool", &other).is_some(), "another key's MAC");
         let other = signed(

@@ -530,10 +530,7 @@ pub fn is_mount_point(path: &Path) -> bool {
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    base16ct::lower::encode_string(&Sha256::digest(data))
 }
 
 /// A sorted listing of the whole tree under `dir`, one line per entry:

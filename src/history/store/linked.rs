@@ -36,11 +36,12 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+use base16ct::lower as hex;
 use sha2::Digest;
 
 use super::{
     BUF_SIZE, CopyMethod, OBJECT_MODE, Store, StoredObject, SyncPolicy, copy_and_hash, hash_file,
-    hex, object_cname,
+    object_cname,
 };
 use crate::sys::{self, ReadLease};
 
@@ -91,7 +92,7 @@ impl Store {
             // A writer waited out the lease while we read: what we hashed may be gone.
             return Ok(LinkPut::Copy(lease.release()));
         }
-        let name = hex(&hasher.finalize());
+        let name = hex::encode_string(&hasher.finalize());
         let stored_already = |name| {
             Ok(LinkPut::Stored(StoredObject {
                 name,
@@ -249,7 +250,7 @@ impl LinkedObject<'_> {
         let temp = store.create_temp()?;
         let mut buf = vec![0u8; BUF_SIZE];
         let (hasher, _) = copy_and_hash(from, &temp.file, &mut buf)?;
-        let name = hex(&hasher.finalize());
+        let name = hex::encode_string(&hasher.finalize());
         if name != self.object.name {
             return Err(io::Error::other(format!(
                 "its content changed (it now hashes to {name})"

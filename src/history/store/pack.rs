@@ -58,9 +58,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use base16ct::lower as hex;
 use sha2::{Digest, Sha256};
 
-use super::{SyncPolicy, flock, hex, openat, unlink_at, write_all_at};
+use super::{SyncPolicy, openat, unlink_at, write_all_at};
 
 /// The entry header's first four bytes.
 const MAGIC: [u8; 4] = *b"cpo1";
@@ -177,18 +178,9 @@ pub(super) fn pack_number(name: &[u8]) -> Option<u32> {
 
 /// Parses an object name (64 lowercase hex digits) into its digest.
 pub(super) fn digest_of(name: &str) -> Option<[u8; 32]> {
-    if !super::is_object_name(name) {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, pair) in name.as_bytes().chunks(2).enumerate() {
-        let nibble = |c: u8| match c {
-            b'0'..=b'9' => c - b'0',
-            _ => c - b'a' + 10,
-        };
-        out[i] = nibble(pair[0]) << 4 | nibble(pair[1]);
-    }
-    Some(out)
+    // `lower::decode` takes lowercase digits only, as `is_object_name` does.
+    (hex::decode(name, &mut out).ok()?.len() == out.len()).then_some(out)
 }
 
 /// One entry found by a walk.
@@ -509,7 +501,7 @@ impl Packs {
                 format!(
                     "store: object {} in {} at offset {} does not match its name (damaged \
                      by a power loss?); it is no longer used",
-                    hex(digest),
+                    hex::encode_string(digest),
                     pack_name(place.pack).to_string_lossy(),
                     place.offset
                 ),
@@ -538,7 +530,7 @@ impl Packs {
     fn drop_damaged(&self, digest: &[u8; 32], place: Place) {
         log::warn!(
             "store: dropping damaged pack entry {} ({} at offset {})",
-            hex(digest),
+            hex::encode_string(digest),
             pack_name(place.pack).to_string_lossy(),
             place.offset
         );
@@ -650,7 +642,7 @@ impl Packs {
         if let Some((pack, _)) = last {
             match open_pack(dir, pack, libc::O_RDWR) {
                 Ok(file) => {
-                    if flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+                    if file.try_lock().is_ok() {
                         // Locked: nobody else appends now, so a walk to the end is final.
                         let from = lock(&self.index).walked.get(&pack).copied().unwrap_or(0);
                         let (found, end) = walk(&file, from)?;
@@ -692,7 +684,7 @@ impl Packs {
         loop {
             match open_pack(dir, pack, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
                 Ok(file) => {
-                    flock(&file, libc::LOCK_EX)?;
+                    file.lock()?;
                     return Ok((pack, file));
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -735,7 +727,7 @@ impl Packs {
         lock(&self.index)
             .objects
             .iter()
-            .map(|(d, p)| (hex(d), u64::from(p.len)))
+            .map(|(d, p)| (hex::encode_string(d), u64::from(p.len)))
             .collect()
     }
 
@@ -788,7 +780,10 @@ impl Packs {
                     let mut data = vec![0u8; place.len as usize];
                     let n = read_full_at(&old, &mut data, place.offset)?;
                     if n != data.len() || Sha256::digest(&data).as_slice() != digest {
-                        log::warn!("store: gc drops damaged pack entry {}", hex(digest));
+                        log::warn!(
+                            "store: gc drops damaged pack entry {}",
+                            hex::encode_string(digest)
+                        );
                         continue;
                     }
                     write_all_at(&t.file, &entry_bytes(digest, &data), kept)?;
@@ -865,7 +860,7 @@ mod tests {
     use std::path::Path;
 
     fn sha(data: &[u8]) -> String {
-        hex(&Sha256::digest(data))
+        hex::encode_string(&Sha256::digest(data))
     }
 
     /// The directory's entries, sorted.
