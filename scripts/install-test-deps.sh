@@ -158,7 +158,7 @@ if ! getent passwd pjdtests >/dev/null; then
     useradd --system --no-create-home --gid pjdtests --shell /usr/sbin/nologin pjdtests
 fi
 
-# ---- Claude Code CLI for tests/agent_claude_code.rs (pinned, from the npm registry) -----
+# ---- Claude Code CLI for tests/it/agent_claude_code.rs (pinned, from the npm registry) -----
 # Installed outside the repo, in $CLAUDE_CODE_DIR (environment; the test reads it too); the
 # test runs $CLAUDE_CODE_DIR/node_modules/.bin/claude with telemetry, updates and every
 # non-loopback connection off, against tests/agents/mock_anthropic.py.
@@ -191,7 +191,7 @@ install_claude_code() {
         return 0
     fi
     npm_install_pinned "$CLAUDE_CODE_DIR" @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" \
-        tests/agent_claude_code.rs || return 1
+        tests/it/agent_claude_code.rs || return 1
     # The package's postinstall puts the native binary in place of a stub: check it runs.
     # An npm that skipped the install script (allowScripts) gets it run here, once.
     local home out
@@ -220,7 +220,7 @@ git config --global user.name >/dev/null 2>&1 || git config --global user.name "
 git config --global user.email >/dev/null 2>&1 || git config --global user.email "$GIT_AUTHOR_EMAIL"
 
 
-# ---- Gemini CLI for tests/agent_gemini_cli.rs (pinned, from the npm registry) -----------
+# ---- Gemini CLI for tests/it/agent_gemini_cli.rs (pinned, from the npm registry) -----------
 # Installed outside the repo into $GEMINI_CLI_DIR (default /var/tmp/checkpointfs-agents/
 # gemini-cli; the test reads the same variable); the test runs its node_modules/.bin/gemini
 # with telemetry, updates and every non-loopback connection off, against
@@ -239,7 +239,7 @@ install_gemini_cli() {
         return 1
     fi
     npm_install_pinned "$GEMINI_CLI_DIR" @google/gemini-cli "$GEMINI_CLI_VERSION" \
-        tests/agent_gemini_cli.rs || return 1
+        tests/it/agent_gemini_cli.rs || return 1
     # Check it runs (a throwaway HOME: nothing of the machine's user is read or written).
     local home out
     home=$(mktemp -d)

@@ -12,7 +12,7 @@ Runs, stopping at the first failure with a clear message:
                                                 (tests included: every unsafe block says why)
   3. cargo build --release
   4. cargo test --release -- --test-threads=2   (integration tests mount real FUSE
-     file systems; must not leave mounts or daemons behind; includes tests/fuzz.rs,
+     file systems; must not leave mounts or daemons behind; includes tests/it/fuzz.rs,
      the stable mutation fuzzer, 2 s per target)
   5. scripts/fuzz.sh                            (coverage-guided fuzzing: cargo-fuzz
                                                  targets built with the stable toolchain
@@ -44,9 +44,9 @@ Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's
 scratch dir (/var/tmp/cpt.XXXXXX, also used as TMPDIR for cargo test) is unmounted on
 every exit path, and no checkpointfs daemon is left running.
 Environment: CHECKPOINTFS_FUZZ_SECS (seconds per fuzz target in step 5, default 20; 0 skips
-step 5, and tests/fuzz.rs in step 4 runs its inputs for this long too when it is set),
+step 5, and tests/it/fuzz.rs in step 4 runs its inputs for this long too when it is set),
 CHECKPOINTFS_FUZZ_SANITIZER (step 5: address, the default, or none), CHECKPOINTFS_FUZZ_SEED
-(tests/fuzz.rs's PRNG seed, default fixed), CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
+(tests/it/fuzz.rs's PRNG seed, default fixed), CARGO_TEST_TIMEOUT (seconds, default 2400), POSIX_SUITES_TIMEOUT (seconds
 per mode, default 2400), XFSTESTS_STEP_TIMEOUT (seconds for step 8, default 3600;
 XFSTESTS_TIMEOUT, default 1500, bounds each file system's ./check), CHECKPOINTFS_BIN (run the POSIX suites against this binary
 instead of the one just built — for testing the harness); the knobs of
@@ -229,7 +229,7 @@ if [[ -n ${CHECKPOINTFS_BIN:-} ]]; then   # harness testing only: suites use ano
 fi
 [[ -x $BIN ]] || { CURRENT_STEP="cargo build"; FAIL_HINT="no binary at $BIN"; exit 1; }
 step "cargo test" "see the failing tests above; log $LOGDIR/cargo-test.log" cargo_test
-# Step 4 ran tests/fuzz.rs (stable, no instrumentation) for its default 2 s a target; this
+# Step 4 ran tests/it/fuzz.rs (stable, no instrumentation) for its default 2 s a target; this
 # is the coverage-guided run, CHECKPOINTFS_FUZZ_SECS a target (4 x 20 s), after its build.
 step "fuzz" "a fuzz target failed: the failing input and the command that replays it are above; libFuzzer's output is in $LOGDIR/fuzz/" \
     env CHECKPOINTFS_FUZZ_SECS="${CHECKPOINTFS_FUZZ_SECS:-20}" TMPDIR="$TEST_ROOT/tmp" \

@@ -1,7 +1,7 @@
 //! checkpointfs: a FUSE passthrough filesystem with a transparent undo stack.
 //!
 //! Layout: each folder is one layer of docs/design.md's layer table, and a layer imports
-//! only from the layers below it (tests/layers.rs checks the order):
+//! only from the layers below it (tests/it/layers.rs checks the order):
 //!
 //! | module | layer |
 //! |---|---|

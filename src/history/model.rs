@@ -253,7 +253,7 @@ pub(crate) fn impossible(
 
 /// Replays `records` as a mount does (refusing an impossible history with replay's
 /// message), then looks every path up at every checkpoint as views and rewinds do; returns
-/// the number of lookups. For the fuzz harness (tests/fuzz.rs): a panic here is a bug.
+/// the number of lookups. For the fuzz harness (tests/it/fuzz.rs): a panic here is a bug.
 #[doc(hidden)]
 pub fn replay_for_fuzzing(
     records: &[Record],

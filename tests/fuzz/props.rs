@@ -1,5 +1,5 @@
 //! What each fuzz target checks of one input, shared by the stable mutation fuzzer
-//! (tests/fuzz.rs) and the coverage-guided cargo-fuzz targets (fuzz/fuzz_targets/, which
+//! (tests/it/fuzz.rs) and the coverage-guided cargo-fuzz targets (fuzz/fuzz_targets/, which
 //! include this file by path). A `check_*` panics when a property fails: the library panicked,
 //! an error does not name the problem, or a target's own property does not hold.
 //!

@@ -111,7 +111,7 @@ fn modules_import_only_from_lower_layers() {
         .collect();
     assert!(
         unplaced.is_empty(),
-        "modules not placed in a layer of tests/layers.rs: {unplaced:?}"
+        "modules not placed in a layer of tests/it/layers.rs: {unplaced:?}"
     );
     let stale: Vec<&&str> = layer_of
         .keys()

@@ -7,7 +7,7 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -236,7 +236,7 @@ fn user_daemon_under_a_1024_fd_limit_serves_a_30k_file_tree() {
         .arg(&me)
         .args([
             "--exact",
-            "workload_as_the_mounting_user",
+            "fds::workload_as_the_mounting_user",
             "--ignored",
             "--nocapture",
         ])

@@ -1,7 +1,6 @@
 //! Shared harness for the integration tests: a [`TestMount`] that mounts the real binary
 //! on fresh temporary directories and never leaves a mount or a daemon behind, plus helpers
 //! to run commands and compare trees.
-#![allow(dead_code)]
 
 use std::ffi::OsStr;
 use std::fs;
@@ -33,6 +32,9 @@ pub struct TestMount {
     env: Vec<(String, String)>,
     /// The daemon this mount started (from STATE/daemon.pid), while it may be alive.
     pid: Option<i32>,
+    /// Mounted by another user (`setpriv`): root's `umount` of it cannot ask its daemon
+    /// (the mount is that user's alone), so it unmounts without waiting for the daemon.
+    mounted_by_user: bool,
     /// Declared last: removed only after `Drop::drop` has unmounted.
     tmp: TempDir,
 }
@@ -72,6 +74,7 @@ impl TestMount {
             args: args.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
             pid: None,
+            mounted_by_user: false,
             tmp,
         }
     }
@@ -79,11 +82,6 @@ impl TestMount {
     /// The temporary directory holding src, mnt and state.
     pub fn root(&self) -> PathBuf {
         fs::canonicalize(self.tmp.path()).expect("canonicalize temp dir")
-    }
-
-    /// The extra `mount` arguments this mount was created with.
-    pub fn args(&self) -> &[String] {
-        &self.args
     }
 
     /// Sets `key=value` in the environment of later `mount`s (the daemon inherits it), e.g.
@@ -187,6 +185,7 @@ impl TestMount {
         }
         let pid = read_pid(&self.state.join("daemon.pid")).expect("STATE/daemon.pid after mount");
         self.pid = Some(pid);
+        self.mounted_by_user = prefix.contains(&"setpriv");
         assert!(
             is_mount_point(&self.mnt),
             "mount returned but MNT is not mounted"
@@ -205,7 +204,12 @@ impl TestMount {
         );
         assert!(!is_mount_point(&self.mnt), "still mounted after umount");
         if let Some(pid) = self.pid.take() {
-            // `umount` waited for the daemon to exit; reap it so the pid is really gone.
+            // `umount` waited for the daemon to exit (root's umount of a user's mount says it
+            // cannot, and does not: then the daemon gets a moment to finish its flush); reap
+            // it so the pid is really gone.
+            if self.mounted_by_user {
+                wait_until(Duration::from_secs(30), || !process_alive(pid));
+            }
             assert!(
                 !process_alive(pid),
                 "daemon {pid} alive after umount returned"
@@ -324,6 +328,10 @@ impl Drop for TestMount {
 
 /// The uid and gid of the local user `name`, created (no home, no login) if missing.
 pub fn test_user(name: &str) -> (u32, u32) {
+    // One useradd at a time: two at once may fail on /etc/passwd's lock (all the tests
+    // share this process).
+    static USERADD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = USERADD.lock().unwrap_or_else(|e| e.into_inner());
     let id = |flag: &str| {
         let out = Command::new("id").args([flag, name]).output().unwrap();
         out.status
@@ -447,11 +455,6 @@ pub fn cli<S: AsRef<OsStr>>(args: &[S]) -> Output {
     run(BIN, args, Path::new("/"))
 }
 
-/// Runs the checkpointfs binary with `args` in `cwd`.
-pub fn cli_in<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Output {
-    run(BIN, args, cwd)
-}
-
 /// `checkpointfs ARGS...` (cwd `/`), asserting success; its stdout.
 pub fn cli_ok(args: &[&str]) -> String {
     let out = cli(args);
@@ -529,8 +532,31 @@ pub fn is_mount_point(path: &Path) -> bool {
     mounts().iter().any(|(p, _)| p == path)
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+/// The lowercase hex SHA-256 of `data`, as the store names objects.
+pub fn sha256_hex(data: &[u8]) -> String {
     base16ct::lower::encode_string(&Sha256::digest(data))
+}
+
+/// The checkpoint ids the mount shows in `MNT/.checkpoint/at/`, sorted by name.
+pub fn checkpoint_ids_by_name(m: &TestMount) -> Vec<String> {
+    let mut ids: Vec<String> = fs::read_dir(m.mnt.join(".checkpoint/at"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The checkpoint ids `log --json` lists, oldest first.
+pub fn checkpoint_ids_oldest_first(m: &TestMount) -> Vec<String> {
+    let log: serde_json::Value =
+        serde_json::from_str(&cli_ok(&["log", m.mnt.to_str().unwrap(), "--json"])).unwrap();
+    log["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// A sorted listing of the whole tree under `dir`, one line per entry:

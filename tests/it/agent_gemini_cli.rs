@@ -13,7 +13,7 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
@@ -257,18 +257,6 @@ fn git(dir: &Path, args: &[&str]) -> String {
     stdout(&out)
 }
 
-/// Checkpoint ids, oldest first.
-fn checkpoint_ids(m: &TestMount) -> Vec<String> {
-    let log: Value =
-        serde_json::from_str(&cli_ok(&["log", m.mnt.to_str().unwrap(), "--json"])).unwrap();
-    log["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// Whether `id` is a Gemini CLI hook id for `session`'s prompt `n`:
 /// gc-<yyyymmddTHHMMSSZ>-<first 8 chars of the session>-<n, 4 digits>.
 fn is_hook_id(id: &str, session: &str, n: u32) -> bool {
@@ -450,7 +438,7 @@ fn three_prompts_of_a_real_gemini_session_are_checkpointed_and_rewound() {
     }
 
     // One checkpoint per prompt, named by the session; each is the tree as the prompt found it.
-    let ids = checkpoint_ids(&m);
+    let ids = common::checkpoint_ids_oldest_first(&m);
     assert_eq!(ids.len(), 3, "{ids:?}");
     for (n, id) in ids.iter().enumerate() {
         assert!(is_hook_id(id, SESSION, n as u32 + 1), "{ids:?}");
@@ -593,7 +581,7 @@ fn two_concurrent_gemini_sessions_are_rewound_separately() {
         "{shared:?}"
     );
 
-    let ids = checkpoint_ids(&m);
+    let ids = common::checkpoint_ids_oldest_first(&m);
     let a_ids: Vec<&String> = ids.iter().filter(|i| i.contains("-aaaa1111-")).collect();
     let b_ids: Vec<&String> = ids.iter().filter(|i| i.contains("-bbbb2222-")).collect();
     assert_eq!((a_ids.len(), b_ids.len(), ids.len()), (2, 2, 4), "{ids:?}");
@@ -702,7 +690,7 @@ fn the_gemini_hook_checkpoints_each_prompt_and_keeps_the_stdout_contract() {
         assert_eq!(r["stdout"], "{}\n", "{r}");
         assert_eq!(r["stderr"], "", "{r}");
     }
-    let ids = checkpoint_ids(&m);
+    let ids = common::checkpoint_ids_oldest_first(&m);
     assert_eq!(ids.len(), 3, "{ids:?}");
     for (n, id) in ids.iter().enumerate() {
         assert!(is_hook_id(id, SESSION, n as u32 + 1), "{ids:?}");
@@ -726,8 +714,12 @@ fn the_gemini_hook_checkpoints_each_prompt_and_keeps_the_stdout_contract() {
     input.as_object_mut().unwrap().remove("cwd");
     let r = gemini_like_agent(hook_s, &input, &m.mnt, "");
     assert_eq!(r["stdout"], "{}\n", "{r}");
-    assert_eq!(checkpoint_ids(&m).len(), 4);
-    assert!(is_hook_id(&checkpoint_ids(&m)[3], SESSION, 4));
+    assert_eq!(common::checkpoint_ids_oldest_first(&m).len(), 4);
+    assert!(is_hook_id(
+        &common::checkpoint_ids_oldest_first(&m)[3],
+        SESSION,
+        4
+    ));
     // The counter lives in the state dir, per session.
     assert_eq!(
         fs::read_to_string(m.state.join("hooks/gemini-cli-6e3c1a52.counter")).unwrap(),
@@ -794,7 +786,11 @@ fn the_gemini_hook_checkpoints_each_prompt_and_keeps_the_stdout_contract() {
         msg.starts_with("gemini-cli-hook: checkpoint gc-") && msg.contains("failed"),
         "{answer}"
     );
-    assert_eq!(checkpoint_ids(&m).len(), 4, "no checkpoint was taken");
+    assert_eq!(
+        common::checkpoint_ids_oldest_first(&m).len(),
+        4,
+        "no checkpoint was taken"
+    );
 }
 
 /// `install-hook gemini --user`, run twice against settings that already have other hooks,
@@ -861,7 +857,7 @@ fn install_hook_gemini_installs_a_command_that_checkpoints() {
         (&json!(0), &json!("{}\n")),
         "{r}"
     );
-    let ids = checkpoint_ids(&m);
+    let ids = common::checkpoint_ids_oldest_first(&m);
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert!(is_hook_id(&ids[0], SESSION_B, 1), "{ids:?}");
 

@@ -12,7 +12,7 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -311,16 +311,6 @@ fn assert_nothing_left(mock: &Mock) {
     );
 }
 
-/// The checkpoint ids in `MNT/.checkpoint/at/`, sorted.
-fn checkpoint_ids(m: &TestMount) -> Vec<String> {
-    let mut ids: Vec<String> = fs::read_dir(m.mnt.join(".checkpoint/at"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    ids.sort();
-    ids
-}
-
 /// Whether `id` is the hook's id for prompt `n` of the session starting with `sid8`:
 /// `cc-<yyyymmddTHHMMSSZ>-<sid8>-<n, 4 digits>`.
 fn is_hook_id(id: &str, sid8: &str, n: u32) -> bool {
@@ -476,7 +466,7 @@ fn three_prompts_of_a_real_claude_code_session_are_checkpointed_and_rewound() {
 
     // One checkpoint per prompt, named by the hook from the session; each is the tree as it
     // was when its prompt was submitted, byte for byte, .git included.
-    let ids = checkpoint_ids(&m);
+    let ids = common::checkpoint_ids_by_name(&m);
     assert_eq!(ids.len(), 3, "{ids:?}");
     for (n, id) in ids.iter().enumerate() {
         assert!(is_hook_id(id, &SESSION[..8], n as u32 + 1), "{ids:?}");
@@ -588,7 +578,7 @@ fn two_concurrent_claude_code_sessions_are_rewound_separately() {
         assert!(sessions.iter().all(|s| s == session), "{key}: {sessions:?}");
     }
     assert_nothing_left(&claude.mock);
-    let ids = checkpoint_ids(&m);
+    let ids = common::checkpoint_ids_by_name(&m);
     assert_eq!(ids.len(), 2, "{ids:?}");
     let id_a = ids
         .iter()
@@ -697,7 +687,11 @@ fn two_concurrent_claude_code_sessions_are_rewound_separately() {
         assert!(err.contains(&hint), "{hint:?} in {err}");
     }
     assert_eq!(tree_listing(&m.mnt), before);
-    assert_eq!(checkpoint_ids(&m), ids, "a refused rewind saves nothing");
+    assert_eq!(
+        common::checkpoint_ids_by_name(&m),
+        ids,
+        "a refused rewind saves nothing"
+    );
 
     // Limited to A's own file, it goes ahead: only a.txt is reverted; undone as any rewind.
     let out = rewind(&m, &id_a, &["--session", SESSION_A, "--", "a.txt"]);

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-#[path = "fuzz/props.rs"]
+#[path = "../fuzz/props.rs"]
 mod props;
 
 /// xorshift64*: small, fast, and the same sequence for the same seed everywhere.

@@ -10,13 +10,13 @@
     reason = "tests build and change trees directly, as users and their tools do"
 )]
 
+use crate::common::sha256_hex;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use checkpointfs::history::store::{CopyMethod, Store};
-use sha2::{Digest, Sha256};
 
 /// mkfs.xfs refuses images smaller than 300 MiB; btrfs is happy with it too. Sparse, so it
 /// costs almost no disk.
@@ -181,10 +181,6 @@ fn mount_fresh(fs: Fs) -> Fixture {
         mount: guard,
         _tmp: tmp,
     }
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    base16ct::lower::encode_string(&Sha256::digest(data))
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*).

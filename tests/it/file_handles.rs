@@ -10,7 +10,7 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
 
 use std::ffi::CString;
 use std::fs::{self, File};

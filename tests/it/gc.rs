@@ -6,7 +6,8 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
+use crate::common::sha256_hex;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -16,11 +17,6 @@ use std::time::Duration;
 
 use checkpointfs::history::store::Store;
 use common::{TestMount, cli, cli_ok as checked, stderr, stdout, tree_listing};
-use sha2::{Digest, Sha256};
-
-fn sha256_hex(data: &[u8]) -> String {
-    base16ct::lower::encode_string(&Sha256::digest(data))
-}
 
 /// What a path holds in the model: a file's bytes or a symlink's target.
 #[derive(Clone, Debug, PartialEq)]

@@ -5,7 +5,8 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
+use crate::common::sha256_hex;
 
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -13,11 +14,6 @@ use std::time::UNIX_EPOCH;
 
 use common::{TestMount, cli, cli_ok as ok, run, stderr, stdout};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-fn sha256_hex(data: &[u8]) -> String {
-    base16ct::lower::encode_string(&Sha256::digest(data))
-}
 
 fn sh(m: &TestMount, script: &str) {
     let out = run("sh", &["-c", &format!("umask 022 && {script}")], &m.mnt);
