@@ -540,11 +540,11 @@ struct Mounted {
 fn mount(mnt: &Path, user: bool) -> Res<OwnedFd> {
     if user {
         let src = std::env::temp_dir();
-        return Ok(checkpointfs::mount::fusermount::mount(
+        return Ok(checkpointfs::mount_with_fusermount(
             &src,
             mnt,
             false,
-            &checkpointfs::mount::options::MountOptions::default(),
+            &checkpointfs::MountOptions::default(),
         )?);
     }
     let dev = std::fs::OpenOptions::new()
@@ -1348,9 +1348,9 @@ fn kill_test(flags: &Flags) -> Res<()> {
             .spawn()?;
         read_line_with(&mut server, "READY", Duration::from_secs(10))?;
         let mountinfo = std::fs::read("/proc/self/mountinfo")?;
-        let (major, minor) = checkpointfs::mount::watchdog::mount_dev(&mountinfo, &mnt)
-            .ok_or("mount not in mountinfo")?;
-        let conn = checkpointfs::mount::watchdog::connection_name(major, minor);
+        let (major, minor) =
+            checkpointfs::mount_dev(&mountinfo, &mnt).ok_or("mount not in mountinfo")?;
+        let conn = checkpointfs::connection_name(major, minor);
         let f = mnt.join("f");
         let spawn_call = |cpu: &str, name: &str| {
             Command::new(&me)

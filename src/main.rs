@@ -1,3 +1,3 @@
 fn main() {
-    std::process::exit(checkpointfs::cli::main());
+    std::process::exit(checkpointfs::main());
 }

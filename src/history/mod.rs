@@ -84,10 +84,9 @@ use crate::transcript::writer::TranscriptWriter;
 use exclusions::{ExclusionConfig, Exclusions, Verdict};
 use store::Store;
 
-pub use epoch::{MutationAdmitted, Quiesced};
+pub use epoch::MutationAdmitted;
 pub(crate) use model::{ActorKey, State};
-pub use model::{Checkpoint, PathHistory, Version, VersionState, split_parent};
-pub use open_files::PreCopies;
+pub use model::{Checkpoint, Version, VersionState, split_parent};
 pub use view::{ViewContent, ViewEntry};
 
 /// Name of the virtual control directory at the mount root. The passthrough core serves it;

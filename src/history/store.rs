@@ -40,7 +40,8 @@
 //! 5. **Holes are kept.** An object is the file's logical content (holes read as zeros and
 //!    hash as zeros), but only its data extents are stored: copies walk the source with
 //!    `SEEK_DATA`/`SEEK_HOLE` and write data at its offset, so the store holds allocated data
-//!    only. [`copy_sparse`] restores an object the same way.
+//!    only. A rewind writes an object back the same way (`crate::rewind`, data extents
+//!    only).
 //! 6. **A linked object is invariant 1 by other means.** A file leaving SRC (unlinked or
 //!    replaced by a rename) may become an object by a hard link instead of a copy
 //!    ([`Store::put_by_link`]); its name is still the hash of exactly its content, which a
@@ -938,16 +939,6 @@ pub fn content_hash(file: &File) -> io::Result<String> {
     Ok(hex::encode_string(&hash_file(file, &mut buf)?.0.finalize()))
 }
 
-/// Copies `src` (from offset 0 to EOF) over `dst`, which must be empty, keeping holes: only
-/// the data extents are written, at their offsets, and the length is set at the end. Used to
-/// restore a stored object without making a sparse file dense. Returns the length.
-pub fn copy_sparse(src: &File, dst: &File) -> io::Result<u64> {
-    let mut buf = vec![0u8; BUF_SIZE];
-    let len = walk_extents(src, &mut buf, |e| write_extent(dst, &e))?;
-    set_len_if_needed(dst, len)?;
-    Ok(len)
-}
-
 /// `ftruncate(len)` unless the file has that length already (a trailing hole needs it; a
 /// file that ends in data does not, and a needless truncation to 0 costs a writeback on
 /// ext4, see [`reflink`]).
@@ -1300,17 +1291,6 @@ mod tests {
                 assert!(store.read_object(&obj.name).expect("read") == logical);
                 assert!(store.verify(&obj.name).expect("verify"));
                 assert_eq!(content_hash(&src).expect("hash"), obj.name);
-
-                let out_path = tmp.path().join(format!("restored{i}"));
-                let out = File::create(&out_path).expect("create");
-                let copied = copy_sparse(&store.open_object(&obj.name).expect("open"), &out)
-                    .expect("copy_sparse");
-                assert_eq!(copied, len);
-                assert!(
-                    allocated(&out_path) <= budget,
-                    "case {i}: restored file is dense"
-                );
-                assert!(std::fs::read(&out_path).expect("read restored") == logical);
             }
         }
     }

@@ -153,10 +153,6 @@ pub fn with_name<R>(name: &OsStr, f: impl FnOnce(&CStr) -> io::Result<R>) -> io:
 pub const EMPTY: &CStr = c"";
 pub const DOT: &CStr = c".";
 
-pub fn name_bytes(name: &OsStr) -> &[u8] {
-    name.as_bytes()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

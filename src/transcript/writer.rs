@@ -216,7 +216,9 @@ impl TranscriptWriter {
         self.request(|reply| Msg::Rewrite(records, reply))
     }
 
-    /// Flushes and joins the thread. Also done on Drop (which can only log errors).
+    /// Flushes and joins the thread, reporting errors (the daemon relies on Drop, which
+    /// does the same and can only log them).
+    #[cfg(test)]
     pub fn shutdown(mut self) -> io::Result<()> {
         self.finish()
     }

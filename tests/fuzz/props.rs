@@ -13,11 +13,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use checkpointfs::history::ids::{CtlLine, MAX_CTL_LINE, take_ctl_lines, validate_id};
-use checkpointfs::mount::control_socket::{MAX_REQUEST, parse_request};
-use checkpointfs::transcript::journal::{JOURNAL_FILE_NAME, Journal};
-use checkpointfs::transcript::mac::{RecordKey, Signer};
-use checkpointfs::transcript::replay::read_transcript;
+use checkpointfs::read_transcript;
+use checkpointfs::{CtlLine, MAX_CTL_LINE, take_ctl_lines, validate_id};
+use checkpointfs::{JOURNAL_FILE_NAME, Journal};
+use checkpointfs::{MAX_REQUEST, parse_request};
+use checkpointfs::{RecordKey, Signer};
 
 /// A number below `n` (at least 1) that the input picks: its FNV-1a hash.
 fn pick(input: &[u8], n: usize) -> usize {
@@ -88,11 +88,7 @@ pub fn check_transcript(input: &[u8]) -> bool {
             let key = RecordKey::from_bytes([7; 32], "fuzz/record.key".into());
             let signer = Signer::new(Ok(std::sync::Arc::new(key)), "0".repeat(32));
             let check = |path: &str, b: &_| signer.check(path, b);
-            match checkpointfs::history::replay_for_fuzzing(
-                &outcome.records,
-                &mut has_object,
-                &check,
-            ) {
+            match checkpointfs::replay_for_fuzzing(&outcome.records, &mut has_object, &check) {
                 Ok(_) => true,
                 Err(why) => {
                     assert!(!why.is_empty(), "replay refused with no reason");

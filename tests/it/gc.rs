@@ -15,7 +15,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::Duration;
 
-use checkpointfs::history::store::Store;
+use checkpointfs::Store;
 use common::{TestMount, cli, cli_ok as checked, stderr, stdout, tree_listing};
 
 /// What a path holds in the model: a file's bytes or a symlink's target.
@@ -399,7 +399,7 @@ fn gc_twice_is_idempotent_and_dry_run_changes_nothing() {
 /// Dates every record of an unmounted state dir's transcript `age` in the past: how a
 /// test gets checkpoints of a known age without waiting for them to grow old.
 fn backdate_transcript(state: &Path, age: Duration) {
-    let when = checkpointfs::transcript::record::rfc3339(std::time::SystemTime::now() - age);
+    let when = checkpointfs::rfc3339(std::time::SystemTime::now() - age);
     let path = state.join("transcript.jsonl");
     let mut out = String::new();
     for line in fs::read_to_string(&path).unwrap().lines() {

@@ -10,7 +10,7 @@ use std::fs;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use checkpointfs::cli::Cli;
+use checkpointfs::Cli;
 use clap::CommandFactory;
 use common::{cli, stderr, stdout};
 

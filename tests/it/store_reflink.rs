@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use checkpointfs::history::store::{CopyMethod, Store};
+use checkpointfs::{CopyMethod, Store};
 
 /// mkfs.xfs refuses images smaller than 300 MiB; btrfs is happy with it too. Sparse, so it
 /// costs almost no disk.
