@@ -63,6 +63,10 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             return EXIT_USAGE;
         }
         Err(e) if crate::mount::unmount::endpoint_gone(&e) => return gone(),
+        Err(e) if matches!(errno(&e), libc::EACCES | libc::EPERM) => {
+            eprintln!("checkpointfs: {}", not_your_mount(mnt, &e));
+            return EXIT_USAGE;
+        }
         // A read-only mount (`-o ro`, or remounted ro): the kernel refuses to open ctl for
         // writing, but checkpoints change only the state dir, so ask the daemon directly.
         Err(e) if errno(&e) == libc::EROFS => return checkpoint_over_socket(mnt, id),
@@ -165,6 +169,14 @@ fn not_your_mount(mnt: &Path, e: &io::Error) -> String {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     match entry.as_ref().and_then(|m| m.fuse_user_id()) {
+        Some(owner) if owner != me && entry.as_ref().is_some_and(|m| m.allows_others()) => {
+            format!(
+                "{shown} is a checkpointfs mount of {}, shared with --allow-other: you may use \
+                 its files, but only its owner can take checkpoints, read its history or \
+                 rewind it ({e})",
+                user_text(owner)
+            )
+        }
         Some(owner) if owner != me => {
             let who = user_text(owner);
             let root = if me == 0 {

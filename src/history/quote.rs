@@ -10,7 +10,7 @@
 //! Other non-ASCII characters are printed as they are (git with `core.quotePath=true`, its
 //! default, octal-escapes them too). So the output of a quoted name holds no control byte,
 //! and a name cannot forge a line or move the cursor. `--json` output does not use this: JSON
-//! escapes strings itself. See docs/usage.md, "Names in text output".
+//! escapes strings itself. See docs/json-output.md, "Names in text output".
 use std::borrow::Cow;
 use std::fmt::Write as _;
 

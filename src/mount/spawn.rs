@@ -382,6 +382,10 @@ fn daemon_child(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "log files on a tmpfs of the test's own, never SRC"
+)]
 mod tests {
     use super::*;
 
