@@ -21,6 +21,7 @@ use crate::fs::inodes::ROOT_INO;
 use crate::fs::virt::file_type_of;
 use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
+use crate::history::quote::quote_name;
 use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
 use crate::history::{History, agent_state};
 use crate::sys::{self, FsCredsGuard, errno};
@@ -51,10 +52,11 @@ impl Step {
 
     fn describe(&self) -> String {
         match self {
-            Step::Remove { path, .. } => format!("remove   {path}"),
-            Step::Create { path, .. } => format!("restore  {path}"),
-            Step::Rewrite { path, .. } => format!("rewrite  {path}"),
+            Step::Remove { path, .. } => format!("remove   {}", quote_name(path)),
+            Step::Create { path, .. } => format!("restore  {}", quote_name(path)),
+            Step::Rewrite { path, .. } => format!("rewrite  {}", quote_name(path)),
             Step::Metadata { path, target } => {
+                let path = quote_name(path);
                 format!("chmod    {path} (mode {:04o})", target.meta.mode)
             }
         }
@@ -162,6 +164,27 @@ impl History {
         Ok(steps)
     }
 
+    /// The paths of `only` that match nothing: absent now and at checkpoint `k`, with no
+    /// change of them or beneath them in the history. A rewind of them could only be a typo's
+    /// silent success.
+    fn unmatched_paths(&self, k: usize, only: &[String]) -> io::Result<Vec<String>> {
+        let mut unmatched = Vec::new();
+        for o in only.iter().filter(|o| !o.is_empty()) {
+            let in_history = {
+                let st = self.lock();
+                st.paths.keys().any(|p| agent_state::is_at_or_below(p, o))
+            };
+            if in_history
+                || self.current_meta(o)?.is_some()
+                || self.view_entry(k, o.as_bytes())?.is_some()
+            {
+                continue;
+            }
+            unmatched.push(o.clone());
+        }
+        Ok(unmatched)
+    }
+
     fn unused_rewind_id(&self, to: &str) -> String {
         let st = self.lock();
         let base_len = 128 - ":before-rewind-9999".len();
@@ -239,11 +262,32 @@ pub struct RewindOptions {
     pub checkpoint_session: Option<String>,
 }
 
-/// A word for a POSIX shell: as it is when it needs no quoting, else in single quotes.
+/// A word for a POSIX shell: as it is when it needs no quoting, else in single quotes, or,
+/// when it holds a control character (which must not reach the terminal raw), in `$'...'`
+/// with octal escapes (bash, zsh, ksh and POSIX.1-2024 shells read it back as the same word).
 fn shell_word(w: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "._:@/=+,-%".contains(c);
     if !w.is_empty() && w.chars().all(plain) {
         w.to_string()
+    } else if w.chars().any(char::is_control) {
+        let mut out = String::from("$'");
+        for c in w.chars() {
+            match c {
+                '\\' | '\'' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                c if c.is_control() => {
+                    let mut buf = [0; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("\\{b:03o}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('\'');
+        out
     } else {
         format!("'{}'", w.replace('\'', r"'\''"))
     }
@@ -314,8 +358,13 @@ fn session_selection(
         .filter(|(_, others)| !others.is_empty())
         .map(|(p, others)| {
             format!(
-                "{p} (also changed by {})",
-                others.iter().cloned().collect::<Vec<_>>().join("; ")
+                "{} (also changed by {})",
+                quote_name(p),
+                others
+                    .iter()
+                    .map(|o| quote_name(o))
+                    .collect::<Vec<_>>()
+                    .join("; ")
             )
         })
         .collect();
@@ -376,9 +425,33 @@ pub fn rewind(
         if p.split('/').any(|c| c == ".." || c == ".") {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("path '{p}' must be relative to the mount root, without '.' or '..'"),
+                format!(
+                    "path '{}' must be relative to the mount root, without '.' or '..'",
+                    quote_name(p)
+                ),
             ));
         }
+    }
+    let unmatched = history.unmatched_paths(k, &only)?;
+    if !unmatched.is_empty() {
+        let names: Vec<_> = unmatched.iter().map(|p| quote_name(p)).collect();
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "nothing to rewind at {}: {} neither now nor at '{id}', and the history has no \
+                 change of {} (PATHs are relative to the mount root, or absolute inside \
+                 it). Nothing was changed and no checkpoint was taken; check the name{}, or \
+                 see `checkpointfs diff MNT {id}` for the paths that changed",
+                names.join(", "),
+                if names.len() == 1 {
+                    "it exists"
+                } else {
+                    "they exist"
+                },
+                if names.len() == 1 { "it" } else { "them" },
+                if names.len() == 1 { "" } else { "s" },
+            ),
+        ));
     }
     let mut out = String::new();
     let mut session_paths = None;
@@ -403,7 +476,11 @@ pub fn rewind(
             return Err(io::Error::other(format!(
                 "refusing to rewind the session to '{id}': it would also change paths the \
                  session did not change:\n  {}\nNothing was changed. Rewind them too with:\n  {}",
-                collateral.join("\n  "),
+                collateral
+                    .iter()
+                    .map(|p| quote_name(p))
+                    .collect::<Vec<_>>()
+                    .join("\n  "),
                 session_rewind_command(
                     fs.mount_info().0,
                     id,
@@ -424,7 +501,7 @@ pub fn rewind(
         out.push_str(&format!(
             "{} {} ({}; --rewind-agent-state rewinds it)\n",
             if dry_run { "would keep" } else { "kept" },
-            k.path,
+            quote_name(&k.path),
             k.why
         ));
     }
@@ -986,6 +1063,8 @@ mod tests {
         assert_eq!(shell_word("it's"), r"'it'\''s'");
         assert_eq!(shell_word(""), "''");
         assert_eq!(shell_word("cc-2025:01@x/a.txt"), "cc-2025:01@x/a.txt");
+        assert_eq!(shell_word("x\nD README.md"), r"$'x\012D README.md'");
+        assert_eq!(shell_word("a'\x1b"), r"$'a\'\033'");
         let opts = RewindOptions {
             rewind_agent_state: true,
             ..Default::default()

@@ -13,6 +13,7 @@ use crate::cli::exit_status::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::history::gc::{GcReport, Retention, gc_state_dir};
 use crate::history::ids::validate_id;
 use crate::history::logdiff::DiffFormat;
+use crate::history::quote::quote_bytes;
 use crate::history::status::StatusReport;
 use crate::history::{History, HistoryConfig, open_history_readonly};
 use crate::mount::control_socket::{self, Request};
@@ -62,6 +63,10 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
             return EXIT_USAGE;
         }
         Err(e) if crate::mount::unmount::endpoint_gone(&e) => return gone(),
+        Err(e) if matches!(errno(&e), libc::EACCES | libc::EPERM) => {
+            eprintln!("checkpointfs: {}", not_your_mount(mnt, &e));
+            return EXIT_USAGE;
+        }
         // A read-only mount (`-o ro`, or remounted ro): the kernel refuses to open ctl for
         // writing, but checkpoints change only the state dir, so ask the daemon directly.
         Err(e) if errno(&e) == libc::EROFS => return checkpoint_over_socket(mnt, id),
@@ -130,6 +135,10 @@ fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
             );
             Err(EXIT_FAILURE)
         }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+            eprintln!("checkpointfs: {}", not_your_mount(mnt, &e));
+            Err(EXIT_USAGE)
+        }
         Err(_) => {
             eprintln!(
                 "checkpointfs: {} is not a checkpointfs mount",
@@ -138,6 +147,70 @@ fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
             Err(EXIT_USAGE)
         }
     }
+}
+
+/// "alice (uid 1001)", or "uid 1001" for a uid the password database does not know.
+fn user_text(uid: u32) -> String {
+    match crate::sys::name_of(uid) {
+        Some(name) => format!("user {name} (uid {uid})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// Why `mnt` refused us (`e`: EACCES or EPERM): a FUSE mount without `allow_other` lets
+/// only its `user_id` in, root included (an `--owner` mount, or another user's).
+fn not_your_mount(mnt: &Path, e: &io::Error) -> String {
+    let shown = mnt.display();
+    let canonical = std::fs::canonicalize(mnt).unwrap_or_else(|_| mnt.to_path_buf());
+    let entry = crate::mount::mountinfo::find_mount(&canonical)
+        .ok()
+        .flatten()
+        .filter(crate::mount::mountinfo::is_checkpointfs_mount);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    match entry.as_ref().and_then(|m| m.fuse_user_id()) {
+        Some(owner) if owner != me && entry.as_ref().is_some_and(|m| m.allows_others()) => {
+            format!(
+                "{shown} is a checkpointfs mount of {}, shared with --allow-other: you may use \
+                 its files, but only its owner can take checkpoints, read its history or \
+                 rewind it ({e})",
+                user_text(owner)
+            )
+        }
+        Some(owner) if owner != me => {
+            let who = user_text(owner);
+            let root = if me == 0 {
+                " (an --owner mount, or one the user made: without --allow-other the kernel \
+                 lets no one else in, root included)"
+            } else {
+                ""
+            };
+            format!(
+                "{shown} is a checkpointfs mount of {who}, not yours{root}: only that user can \
+                 use it and its history. Run the command as them (e.g. `setpriv --reuid \
+                 {owner} --init-groups checkpointfs ...`), or read the history with \
+                 `checkpointfs ... --state-dir STATE` as a user who can read STATE ({e})"
+            )
+        }
+        _ => format!(
+            "cannot use {shown}: {e} (a checkpointfs mount of another user, or a directory \
+             you may not read)"
+        ),
+    }
+}
+
+/// Why a state dir refused us (`e`: EACCES or EPERM): it is another user's.
+fn not_your_state_dir(state_dir: &Path, e: &io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let shown = state_dir.display();
+    let owner = std::fs::metadata(state_dir)
+        .map(|m| user_text(m.uid()))
+        .unwrap_or_else(|_| "another user".to_string());
+    format!(
+        "the history of this mount ({shown}) belongs to {owner}, not to you: the mount may let \
+         you use its files (--allow-other), but only its owner (or root) can read its history \
+         or rewind it ({e})"
+    )
 }
 
 /// One status line on stderr ("gc: swept 1200/5000 objects"), rewritten in place, shown only
@@ -189,6 +262,11 @@ fn daemon_answer(state_dir: &Path, req: &Request) -> Result<String, i32> {
                 EXIT_FAILURE
             })
         }
+        // The socket is in the state dir (0700): another user's.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            eprintln!("checkpointfs: {}", not_your_state_dir(state_dir, &e));
+            Err(EXIT_USAGE)
+        }
         Err(e) => {
             eprintln!("checkpointfs: {e}");
             Err(EXIT_FAILURE)
@@ -232,6 +310,10 @@ fn state_dir_of(target: &Target) -> Result<PathBuf, i32> {
 fn source_of_state_dir(state_dir: &Path) -> Result<PathBuf, i32> {
     match std::fs::read_to_string(state_dir.join("source")) {
         Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+            eprintln!("checkpointfs: {}", not_your_state_dir(state_dir, &e));
+            Err(EXIT_USAGE)
+        }
         Err(e) => {
             eprintln!(
                 "checkpointfs: {} is not a checkpointfs state dir (no 'source' file: {e})",
@@ -323,7 +405,7 @@ fn path_in_mount(mnt: &Path, p: &Path) -> Result<String, String> {
         Err(_) if p.is_absolute() => {
             return Err(format!(
                 "{} is not inside the mount {}",
-                p.display(),
+                quote_bytes(p.as_os_str().as_bytes()),
                 mnt.display()
             ));
         }
@@ -331,7 +413,12 @@ fn path_in_mount(mnt: &Path, p: &Path) -> Result<String, String> {
     };
     rel.to_str()
         .map(|s| s.trim_matches('/').to_string())
-        .ok_or_else(|| format!("{} is not valid UTF-8", p.display()))
+        .ok_or_else(|| {
+            format!(
+                "{} is not valid UTF-8 (such names are not tracked)",
+                quote_bytes(p.as_os_str().as_bytes())
+            )
+        })
 }
 
 /// An absolute `p` given with `--state-dir`, relative to the mount root: under the last

@@ -13,6 +13,7 @@ use crate::history::History;
 use crate::history::logdiff::{
     ContentChange, DiffFormat, DiffReport, EntryFacts, LogChange, LogReport,
 };
+use crate::history::quote::{quote_bytes, quote_name, quote_pattern, quote_prefixed};
 use crate::history::status::StatusReport;
 
 /// The width git's `--stat` fits its lines into (it uses the terminal's; reports here do
@@ -96,11 +97,17 @@ fn render_log_changes(out: &mut String, changes: &[LogChange]) {
         out.push_str("    (no changes)\n");
     }
     for c in changes {
-        let _ = write!(out, "    {} {}", c.change.letter(), c.path);
+        let _ = write!(out, "    {} {}", c.change.letter(), quote_name(&c.path));
         if !c.actors.is_empty() {
-            let _ = write!(out, "  (by {}", c.actors.join(", "));
+            // Process names are names too: a process can give itself any.
+            let actors: Vec<_> = c.actors.iter().map(|a| quote_name(a)).collect();
+            let _ = write!(out, "  (by {}", actors.join(", "));
             if !c.sessions.is_empty() {
-                let short: Vec<&str> = c.sessions.iter().map(|s| s.get(..8).unwrap_or(s)).collect();
+                let short: Vec<_> = c
+                    .sessions
+                    .iter()
+                    .map(|s| quote_name(s.get(..8).unwrap_or(s)))
+                    .collect();
                 let _ = write!(out, "; session {}", short.join(", "));
             }
             out.push(')');
@@ -144,8 +151,10 @@ fn render_patch(report: &DiffReport) -> String {
     let mut out = String::new();
     for f in &report.files {
         // The text has always named the mount root by its empty relative path ("a/").
+        // A name that needs quoting is quoted with its `a/`, `b/` prefix, as git does.
         let path = if f.path == "." { "" } else { f.path.as_str() };
-        let _ = writeln!(out, "diff a/{path} b/{path}");
+        let (a, b) = (quote_prefixed("a/", path), quote_prefixed("b/", path));
+        let _ = writeln!(out, "diff {a} {b}");
         match (&f.before, &f.after) {
             (None, Some(new)) => {
                 let _ = writeln!(out, "new file mode {}", new.mode);
@@ -164,20 +173,20 @@ fn render_patch(report: &DiffReport) -> String {
         }
         match f.content {
             ContentChange::Binary => {
-                let _ = writeln!(out, "Binary files a/{path} and b/{path} differ");
+                let _ = writeln!(out, "Binary files {a} and {b} differ");
             }
             ContentChange::Text => {
                 let patch = f.patch.as_deref().unwrap_or_default();
                 if !patch.is_empty() {
                     let old = if f.before.is_some() {
-                        format!("a/{path}")
+                        a.as_str()
                     } else {
-                        "/dev/null".to_string()
+                        "/dev/null"
                     };
                     let new = if f.after.is_some() {
-                        format!("b/{path}")
+                        b.as_str()
                     } else {
-                        "/dev/null".to_string()
+                        "/dev/null"
                     };
                     let _ = write!(out, "--- {old}\n+++ {new}\n{patch}");
                 }
@@ -205,12 +214,8 @@ fn render_stat(report: &DiffReport) -> String {
     if report.files.is_empty() {
         return out;
     }
-    let name_width = report
-        .files
-        .iter()
-        .map(|f| f.path.chars().count())
-        .max()
-        .unwrap_or(0);
+    let names: Vec<_> = report.files.iter().map(|f| quote_name(&f.path)).collect();
+    let name_width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
     let max_change = report
         .files
         .iter()
@@ -222,8 +227,8 @@ fn render_stat(report: &DiffReport) -> String {
     let graph_width = STAT_LINE_WIDTH
         .saturating_sub(name_width + number_width + 5)
         .max(10);
-    for f in &report.files {
-        let _ = write!(out, " {:<name_width$} | ", f.path);
+    for (f, name) in report.files.iter().zip(&names) {
+        let _ = write!(out, " {name:<name_width$} | ");
         if f.content == ContentChange::Binary {
             let size = |e: &Option<EntryFacts>| e.as_ref().map_or(0, |e| e.size);
             let _ = writeln!(out, "Bin {} -> {} bytes", size(&f.before), size(&f.after));
@@ -283,14 +288,14 @@ fn render_stat(report: &DiffReport) -> String {
         );
     }
     out.push('\n');
-    for f in &report.files {
+    for (f, name) in report.files.iter().zip(&names) {
         let kind = |e: &EntryFacts| format!("{:?}", e.kind).to_lowercase();
         match (&f.before, &f.after) {
             (None, Some(new)) => {
-                let _ = writeln!(out, " create {} {} {}", kind(new), new.mode, f.path);
+                let _ = writeln!(out, " create {} {} {}", kind(new), new.mode, name);
             }
             (Some(old), None) => {
-                let _ = writeln!(out, " delete {} {} {}", kind(old), old.mode, f.path);
+                let _ = writeln!(out, " delete {} {} {}", kind(old), old.mode, name);
             }
             (Some(old), Some(new)) => {
                 // One line per path; a type change names both modes (a symlink's is 0777).
@@ -302,10 +307,10 @@ fn render_stat(report: &DiffReport) -> String {
                         old.mode,
                         kind(new),
                         new.mode,
-                        f.path
+                        name
                     );
                 } else if old.mode != new.mode {
-                    let _ = writeln!(out, " mode change {} => {} {}", old.mode, new.mode, f.path);
+                    let _ = writeln!(out, " mode change {} => {} {}", old.mode, new.mode, name);
                 }
             }
             (None, None) => {}
@@ -340,8 +345,8 @@ impl StatusReport {
             (false, _) => "not mounted (read from the state dir)".to_string(),
         };
         let _ = writeln!(out, "mount:          {mount}");
-        let _ = writeln!(out, "state dir:      {}", self.state_dir);
-        let _ = writeln!(out, "source:         {}", self.source);
+        let _ = writeln!(out, "state dir:      {}", quote_name(&self.state_dir));
+        let _ = writeln!(out, "source:         {}", quote_name(&self.source));
         match &self.checkpoints.latest {
             Some(c) => {
                 let _ = writeln!(
@@ -396,7 +401,7 @@ impl StatusReport {
         let quoted = |patterns: &[String]| {
             patterns
                 .iter()
-                .map(|p| format!("'{p}'"))
+                .map(|p| quote_pattern(p))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -414,12 +419,16 @@ impl StatusReport {
             } else {
                 quoted(&f.patterns)
             };
-            let _ = writeln!(out, "exclude-from:   {}: {patterns}", f.file.display());
+            let file = f.file.as_os_str().as_encoded_bytes();
+            let _ = writeln!(out, "exclude-from:   {}: {patterns}", quote_bytes(file));
         }
         let gitignore = match (e.respect_gitignore, e.ignore_files.is_empty()) {
             (false, _) => "off".to_string(),
             (true, true) => "on (no ignore files)".to_string(),
-            (true, false) => format!("on: {}", e.ignore_files.join(", ")),
+            (true, false) => {
+                let files: Vec<_> = e.ignore_files.iter().map(|f| quote_name(f)).collect();
+                format!("on: {}", files.join(", "))
+            }
         };
         let _ = writeln!(out, "gitignore:      {gitignore}");
     }

@@ -56,6 +56,7 @@ pub mod model;
 mod open;
 mod open_files;
 mod process;
+pub mod quote;
 #[allow(
     clippy::disallowed_methods,
     reason = "the settings file in STATE, never SRC"

@@ -4,12 +4,14 @@
 //! [`crate::cli::render`], so the two always carry the same facts.
 use std::fmt::Write as _;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 
 use serde::{Deserialize, Serialize};
 
 use super::History;
 use super::exclusions::{ExcludeFile, Verdict};
 use super::logdiff::Timestamp;
+use super::quote::{quote_bytes, quote_name, quote_pattern};
 use crate::transcript::record::EntryKind;
 
 pub const STATUS_SCHEMA: &str = "checkpointfs.status/1";
@@ -173,21 +175,32 @@ fn verdict_text(v: &Verdict) -> String {
         Verdict::Glob {
             pattern,
             file: None,
-        } => format!("excluded by --exclude '{pattern}'"),
+        } => format!("excluded by --exclude {}", quote_pattern(pattern)),
         Verdict::Glob {
             pattern,
             file: Some(f),
-        } => format!("excluded by --exclude-from {} '{pattern}'", f.display()),
+        } => format!(
+            "excluded by --exclude-from {} {}",
+            quote_bytes(f.as_os_str().as_bytes()),
+            quote_pattern(pattern)
+        ),
         Verdict::Ignored { rule, parent } => {
-            let mut s = format!("excluded by {}:{} '{}'", rule.file, rule.line, rule.pattern);
+            let mut s = format!(
+                "excluded by {}:{} {}",
+                quote_name(&rule.file),
+                rule.line,
+                quote_pattern(&rule.pattern)
+            );
             if let Some(parent) = parent {
-                let _ = write!(s, " (matches its parent directory {parent})");
+                let _ = write!(s, " (matches its parent directory {})", quote_name(parent));
             }
             s
         }
         Verdict::Negated { rule } => format!(
-            "not excluded by {}:{} '{}' (negation) — tracked",
-            rule.file, rule.line, rule.pattern
+            "not excluded by {}:{} {} (negation) — tracked",
+            quote_name(&rule.file),
+            rule.line,
+            quote_pattern(&rule.pattern)
         ),
     }
 }
@@ -280,7 +293,12 @@ impl History {
         } else {
             format!("no backup in {message}{history}")
         };
-        let shown = if rel.is_empty() { "." } else { rel };
+        // The text quotes names (`path` has the name as it is).
+        let shown = if rel.is_empty() {
+            ".".into()
+        } else {
+            quote_name(rel)
+        };
         let text = format!("{shown}: {}; {backup}", verdict_text(&verdict));
         Ok(PathStatus {
             path: rel.to_string(),

@@ -662,9 +662,33 @@ pub fn request_with_progress(
     msg.push(b'\n');
     (&stream).write_all(&msg)?;
     let mut reader = BufReader::new(&stream);
+    // The daemon ends every line with '\n' and closes only after its answer: an end before
+    // that is a daemon that died (was killed, crashed) while it worked on the request.
+    let died = |what: &str| {
+        format!(
+            "the daemon serving {} {what} before it answered: it exited or was killed while \
+             working on the request, which may be partly done. See {} for why, and \
+             `checkpointfs status MNT` for the mount's state (if it says the mount is gone: \
+             `checkpointfs umount MNT`, then mount again)",
+            state_dir.display(),
+            state_dir.join("daemon.log").display()
+        )
+    };
     loop {
         let mut line = String::new();
-        reader.read_line(&mut line)?;
+        match reader.read_line(&mut line) {
+            Ok(_) if !line.ends_with('\n') => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    died("closed the connection"),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(crate::sys::context(died("dropped the connection"), e));
+            }
+            Err(e) => return Err(e),
+        }
         let response: Response = serde_json::from_str(&line).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -760,5 +784,26 @@ mod tests {
         assert_eq!(err.protocol, PROTOCOL);
         assert!(request(dir.path(), &Request::Flush).is_ok());
         new.join().unwrap();
+    }
+
+    #[test]
+    fn a_daemon_that_dies_while_answering_is_reported_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        for answer in ["", "{\"ok\":tr"] {
+            let _ = std::fs::remove_file(dir.path().join(SOCKET_NAME));
+            let listener = UnixListener::bind(dir.path().join(SOCKET_NAME)).unwrap();
+            let daemon = std::thread::spawn(move || {
+                let (stream, _) = listener.accept().unwrap();
+                let mut line = String::new();
+                BufReader::new(&stream).read_line(&mut line).unwrap();
+                (&stream).write_all(answer.as_bytes()).unwrap();
+            });
+            let err = request(dir.path(), &Request::Flush).unwrap_err();
+            daemon.join().unwrap();
+            let text = err.to_string();
+            assert!(!text.contains("bad response"), "{text}");
+            assert!(text.contains("exited or was killed"), "{text}");
+            assert!(text.contains("daemon.log"), "{text}");
+        }
     }
 }

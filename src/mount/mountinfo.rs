@@ -15,6 +15,23 @@ pub struct MountEntry {
     pub mount_point: PathBuf,
     pub fstype: String,
     pub source: OsString,
+    /// The super block's options (`rw,user_id=1000,group_id=1000,...`).
+    pub super_options: String,
+}
+
+impl MountEntry {
+    /// A FUSE mount's `user_id=`: the only uid the kernel lets in without `allow_other`.
+    pub fn fuse_user_id(&self) -> Option<u32> {
+        self.super_options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Whether the FUSE mount lets other users in (`allow_other`).
+    pub fn allows_others(&self) -> bool {
+        self.super_options.split(',').any(|o| o == "allow_other")
+    }
 }
 
 /// Undoes the kernel's octal escaping of space, tab, newline and backslash.
@@ -56,6 +73,10 @@ pub fn parse_mountinfo(text: &[u8]) -> Vec<MountEntry> {
                 mount_point: PathBuf::from(unescape_mountinfo(fields[4])),
                 fstype: String::from_utf8_lossy(fstype).into_owned(),
                 source: unescape_mountinfo(source),
+                super_options: fields
+                    .get(sep + 3)
+                    .map(|o| String::from_utf8_lossy(o).into_owned())
+                    .unwrap_or_default(),
             })
         })
         .collect()
@@ -102,7 +123,11 @@ mod tests {
             mount_point: "/m".into(),
             fstype: "fuse".into(),
             source: "checkpointfs".into(),
+            super_options: "rw,user_id=1000,group_id=1000".into(),
         };
+        assert_eq!(direct.fuse_user_id(), Some(1000));
+        assert!(!direct.allows_others());
+        assert_eq!(m[1].fuse_user_id(), Some(0));
         assert!(is_checkpointfs_mount(&direct));
         let other = MountEntry {
             source: "sshfs#host:".into(),

@@ -1,8 +1,8 @@
 //! Starting the daemon: in the foreground, or detached (fork, setsid, a readiness pipe the
 //! parent waits on, inherited fds closed), with its pid and mount point recorded.
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::io::{self, IsTerminal, Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -27,8 +27,81 @@ fn thread_count() -> usize {
 }
 
 pub(crate) fn init_logger() {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .try_init();
+    let mut builder =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    // A log file (the detached daemon's STATE/daemon.log) gets whole lines; a terminal keeps
+    // env_logger's own (coloured) stderr.
+    if !io::stderr().is_terminal()
+        && let Ok(fd) = io::stderr().as_fd().try_clone_to_owned()
+    {
+        builder.target(env_logger::Target::Pipe(Box::new(LogLines::new(
+            fs::File::from(fd),
+        ))));
+    }
+    let _ = builder.try_init();
+}
+
+/// The daemon's log file as env_logger writes to it: each record (one line, or a few when a
+/// message has newlines) goes out in one write(2), so records never interleave or split. A
+/// write cut short by a full disk is taken back (the file is truncated to where the record
+/// began), so the log never holds half a line; the next record that fits says how many were
+/// lost.
+struct LogLines {
+    file: fs::File,
+    pending: Vec<u8>,
+    lost: u64,
+}
+
+impl LogLines {
+    fn new(file: fs::File) -> LogLines {
+        LogLines {
+            file,
+            pending: Vec::new(),
+            lost: 0,
+        }
+    }
+
+    /// Writes the complete lines of `pending` in one write(2).
+    fn write_lines(&mut self) {
+        let Some(end) = self.pending.iter().rposition(|&b| b == b'\n') else {
+            return;
+        };
+        let mut record: Vec<u8> = self.pending.drain(..=end).collect();
+        if self.lost > 0 {
+            let note = format!(
+                "[checkpointfs] {} log record(s) lost before this one: the disk holding \
+                 the log was full\n",
+                self.lost
+            );
+            record.splice(0..0, note.into_bytes());
+        }
+        match self.file.write(&record) {
+            Ok(n) if n == record.len() => self.lost = 0,
+            Ok(n) => {
+                // Part of the record went in: take it back (the file is opened O_APPEND and
+                // only this process's logger, under env_logger's lock, writes to it).
+                if let Ok(meta) = self.file.metadata()
+                    && meta.is_file()
+                {
+                    let _ = self.file.set_len(meta.len().saturating_sub(n as u64));
+                }
+                self.lost += 1;
+            }
+            Err(_) => self.lost += 1,
+        }
+    }
+}
+
+impl Write for LogLines {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.write_lines();
+        Ok(())
+    }
 }
 
 pub(crate) fn run_foreground(cfg: DaemonConfig) -> Result<(), Reported> {
@@ -305,5 +378,117 @@ fn daemon_child(
             report_failure(&pipe, &e.to_string());
             Err(Reported)
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "log files on a tmpfs of the test's own, never SRC"
+)]
+mod tests {
+    use super::*;
+
+    /// A tmpfs of `pages` pages at a new temporary directory (root only), unmounted when
+    /// dropped.
+    struct TinyTmpfs(tempfile::TempDir);
+
+    impl TinyTmpfs {
+        fn new(pages: usize) -> Option<TinyTmpfs> {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                return None;
+            }
+            let dir = tempfile::tempdir().ok()?;
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o"])
+                .arg(format!("size={}", pages * 4096))
+                .arg("tmpfs")
+                .arg(dir.path())
+                .status()
+                .ok()?
+                .success();
+            ok.then_some(TinyTmpfs(dir))
+        }
+    }
+
+    impl Drop for TinyTmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    /// Writes numbered 100-byte records with `write` until the disk is full.
+    fn fill(mut write: impl FnMut(&[u8])) {
+        for i in 0..200 {
+            let line = format!("{i:04} {}\n", "x".repeat(94));
+            write(line.as_bytes());
+        }
+    }
+
+    fn cut_lines(log: &[u8]) -> bool {
+        !log.is_empty() && !log.ends_with(b"\n")
+            || log
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .any(|l| l.len() != 99 && !l.starts_with(b"[checkpointfs]"))
+    }
+
+    #[test]
+    fn log_records_are_never_cut_on_a_full_disk() {
+        let Some(tmp) = TinyTmpfs::new(2) else {
+            eprintln!("skipped: needs root to mount a tmpfs");
+            return;
+        };
+        let open = |name: &str| {
+            fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(tmp.0.path().join(name))
+                .unwrap()
+        };
+        // What env_logger does on stderr (write_all): the record that meets the full disk
+        // is cut.
+        let mut plain = open("plain.log");
+        fill(|line| {
+            let _ = plain.write_all(line);
+        });
+        assert!(cut_lines(
+            &fs::read(tmp.0.path().join("plain.log")).unwrap()
+        ));
+        drop(plain);
+        fs::remove_file(tmp.0.path().join("plain.log")).unwrap();
+
+        let mut log = LogLines::new(open("daemon.log"));
+        fill(|line| {
+            // As env_logger's pipe target: the record, then a flush.
+            log.write_all(line).unwrap();
+            log.flush().unwrap();
+        });
+        let path = tmp.0.path().join("daemon.log");
+        let written = fs::read(&path).unwrap();
+        assert!(
+            !cut_lines(&written),
+            "{}",
+            String::from_utf8_lossy(&written)
+        );
+        assert!(log.lost > 0);
+        // Space again (the log is cut back by hand here): the next record says what was lost.
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        log.write_all(b"0999 after\n").unwrap();
+        log.flush().unwrap();
+        let after = String::from_utf8(fs::read(&path).unwrap()).unwrap();
+        assert!(
+            after.starts_with("[checkpointfs] ") && after.ends_with("\n0999 after\n"),
+            "{after}"
+        );
+        assert_eq!(log.lost, 0);
     }
 }

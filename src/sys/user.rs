@@ -36,6 +36,22 @@ pub fn home_of(uid: u32) -> io::Result<Option<PathBuf>> {
     })
 }
 
+/// The login name the password database gives `uid` (`None`: no entry, or an empty name).
+pub fn name_of(uid: u32) -> Option<String> {
+    with_passwd(&uid.to_string(), |pwd| {
+        if pwd.pw_name.is_null() {
+            return None;
+        }
+        // SAFETY: pw_name is non-null and points to a NUL-terminated string in the buffer
+        // `with_passwd` keeps alive for this call.
+        let name = unsafe { CStr::from_ptr(pwd.pw_name) };
+        let name = name.to_string_lossy().into_owned();
+        (!name.is_empty()).then_some(name)
+    })
+    .ok()
+    .flatten()
+}
+
 /// Calls `f` with the password database entry of `user` (a name or a numeric uid); the
 /// entry's strings live only for the call.
 fn with_passwd<T>(user: &str, f: impl FnOnce(&libc::passwd) -> T) -> io::Result<T> {

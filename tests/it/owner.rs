@@ -19,12 +19,7 @@ fn owner_mount(user: &str) -> (TestMount, u32, u32) {
     let (uid, gid) = test_users(user);
     let mut m = TestMount::unmounted(&["--owner", user]);
     fs::write(m.src.join("a.txt"), "one\n").unwrap();
-    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
-    for dir in [&m.src, &m.mnt] {
-        for p in all_paths(dir) {
-            std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).unwrap();
-        }
-    }
+    m.give_tree_to(uid, gid);
     m.mount();
     (m, uid, gid)
 }

@@ -144,8 +144,18 @@ impl TestMount {
     /// Gives SRC, MNT and STATE (and everything in them) to `uid`:`gid` and lets others
     /// reach them, for [`TestMount::mount_as`].
     pub fn give_to(&self, uid: u32, gid: u32) {
+        self.give_dirs_to(&[&self.src, &self.mnt, &self.state], uid, gid);
+    }
+
+    /// Gives SRC and MNT to `uid`:`gid`, STATE staying root's, and lets others reach them:
+    /// the tree of an `--owner` mount.
+    pub fn give_tree_to(&self, uid: u32, gid: u32) {
+        self.give_dirs_to(&[&self.src, &self.mnt], uid, gid);
+    }
+
+    fn give_dirs_to(&self, dirs: &[&Path], uid: u32, gid: u32) {
         fs::set_permissions(self.root(), fs::Permissions::from_mode(0o755)).unwrap();
-        for dir in [&self.src, &self.mnt, &self.state] {
+        for dir in dirs {
             for entry in all_paths(dir) {
                 std::os::unix::fs::lchown(&entry, Some(uid), Some(gid)).unwrap();
             }
