@@ -25,6 +25,7 @@ mod golden;
 mod layers;
 mod leaving;
 mod manuals;
+mod messages;
 mod mount_cli;
 mod mount_options;
 mod mount_scripts;

@@ -465,6 +465,11 @@ pub fn cli<S: AsRef<OsStr>>(args: &[S]) -> Output {
     run(BIN, args, Path::new("/"))
 }
 
+/// Runs the checkpointfs binary with `args` in `cwd`.
+pub fn cli_in<S: AsRef<OsStr>>(cwd: &Path, args: &[S]) -> Output {
+    run(BIN, args, cwd)
+}
+
 /// `checkpointfs ARGS...` (cwd `/`), asserting success; its stdout.
 pub fn cli_ok(args: &[&str]) -> String {
     let out = cli(args);

@@ -7,7 +7,7 @@
     clippy::disallowed_methods,
     reason = "tests build and change trees directly, as users and their tools do"
 )]
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::fs;
