@@ -56,10 +56,6 @@ pub mod model;
 mod open;
 mod open_files;
 mod process;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the settings file in STATE, never SRC"
-)]
 pub mod settings;
 pub mod status;
 #[allow(

@@ -518,15 +518,14 @@ pub fn read_state_id(state_dir: &Path) -> io::Result<Option<StateId>> {
     }))
 }
 
-/// Writes the state dir's id durably (0600, tmp + rename, then the directory synced).
+/// Writes the state dir's id, atomically and durably (`crate::state::atomic`).
 pub fn write_state_id(state_dir: &Path, id: &StateId) -> io::Result<()> {
     let text = if id.complete {
         format!("{}\n", id.id)
     } else {
         format!("{} pending\n", id.id)
     };
-    crate::state::dir::write_file(state_dir, STATE_ID_FILE, text.as_bytes())?;
-    fs::File::open(state_dir)?.sync_all()
+    crate::state::dir::write_file(state_dir, STATE_ID_FILE, text.as_bytes())
 }
 
 /// A fresh random state id (16 bytes from getrandom(2), in hex).
