@@ -1,6 +1,7 @@
-//! The one way a whole file is replaced: every file of the state dir that is written whole
+//! The one way a whole file is written: every file of the state dir that is written whole
 //! (`source`, `daemon.pid`, `mountpoint`, `signing-id`, `settings.json`, the transcript when gc
-//! compacts it), and the agents' settings files that `install-hook` edits.
+//! compacts it), the agents' settings files that `install-hook` edits, and the record key
+//! (created once, never replaced: [`create`]).
 //!
 //! # Durability contract
 //!
@@ -37,6 +38,13 @@
 //! knows the rename happened. Every error names `NAME` and the step, and keeps the failed
 //! call's `io::Error` (so its errno, see `crate::sys::errno_of`) as its source.
 //!
+//! [`create`] takes the same steps, but its step 4 never replaces: `renameat2` with
+//! `RENAME_NOREPLACE`, or, where the filesystem lacks that, `link` then `unlink` of the temp
+//! file (a kill between the two leaves the temp file as a second name of the new file). If
+//! `NAME` exists by then, it is left as it is and the temp file goes. What a crash leaves at
+//! `NAME` is the table above with "the old file (or none)" read as "none" (or whoever else
+//! created it first).
+//!
 //! Concurrent replacements of one `NAME` are safe (each has its own temp file; the last
 //! rename wins) but nothing orders them: the state dir's writers hold its lock
 //! (`crate::state::lock`).
@@ -53,6 +61,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// fsync of `dir` (see the module docs for what survives a crash at each step).
 pub fn write(dir: &Path, name: impl AsRef<OsStr>, contents: &[u8], mode: u32) -> io::Result<()> {
     replace(dir, name.as_ref(), mode, |file| file.write_all(contents))?.dir_synced
+}
+
+/// Creates `dir/name` holding `contents`, with mode `mode`, unless it exists: the steps of
+/// [`write`], with a rename that never replaces (see the module docs). `Ok(false)`: `name`
+/// existed (made by someone else meanwhile, say); it is left as it is, and the temp file is
+/// gone.
+pub fn create(dir: &Path, name: impl AsRef<OsStr>, contents: &[u8], mode: u32) -> io::Result<bool> {
+    let name = name.as_ref();
+    let dir_fd = open_dir(dir, name)?;
+    match put_at(dir_fd.as_fd(), dir, name, mode, Onto::Absent, |file| {
+        file.write_all(contents)
+    })? {
+        Some(created) => created.dir_synced.map(|()| true),
+        None => Ok(false),
+    }
 }
 
 /// The outcome of a [`replace`] whose rename happened.
@@ -77,12 +100,16 @@ pub fn replace<T>(
     mode: u32,
     fill: impl FnOnce(&mut File) -> io::Result<T>,
 ) -> io::Result<Replaced<T>> {
-    let dir_fd = OpenOptions::new()
+    let dir_fd = open_dir(dir, name)?;
+    replace_at(dir_fd.as_fd(), dir, name, mode, fill)
+}
+
+fn open_dir(dir: &Path, name: &OsStr) -> io::Result<File> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(dir)
-        .map_err(|e| failed(Step::OpenDir, dir, name, e))?;
-    replace_at(dir_fd.as_fd(), dir, name, mode, fill)
+        .map_err(|e| failed(Step::OpenDir, dir, name, e))
 }
 
 /// [`replace`] in the directory `dir` (an open directory fd: every step is relative to it);
@@ -94,6 +121,28 @@ pub fn replace_at<T>(
     mode: u32,
     fill: impl FnOnce(&mut File) -> io::Result<T>,
 ) -> io::Result<Replaced<T>> {
+    let replaced = put_at(dir, dir_path, name, mode, Onto::Replace, fill)?;
+    Ok(replaced.expect("a replacing rename never finds the name taken"))
+}
+
+/// What step 4 may do to an existing `NAME`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Onto {
+    /// Replace it (`renameat`).
+    Replace,
+    /// Leave it (and report `None`).
+    Absent,
+}
+
+/// The five steps (see the module docs). `None`: `onto` is `Absent` and `NAME` exists.
+fn put_at<T>(
+    dir: BorrowedFd<'_>,
+    dir_path: &Path,
+    name: &OsStr,
+    mode: u32,
+    onto: Onto,
+    fill: impl FnOnce(&mut File) -> io::Result<T>,
+) -> io::Result<Option<Replaced<T>>> {
     let fail = |step, e| failed(step, dir_path, name, e);
     let target = file_name(name).map_err(|e| fail(Step::Create, e))?;
     let (temp, mut file) = Temp::create(dir, name, mode).map_err(|e| fail(Step::Create, e))?;
@@ -102,7 +151,14 @@ pub fn replace_at<T>(
     reached(Step::Fill);
     file.sync_all().map_err(|e| fail(Step::SyncFile, e))?;
     reached(Step::SyncFile);
-    temp.rename_to(&target).map_err(|e| fail(Step::Rename, e))?;
+    match temp.rename_to(&target, onto) {
+        Ok(()) => {}
+        // The temp file went with `temp`.
+        Err(e) if onto == Onto::Absent && e.raw_os_error() == Some(libc::EEXIST) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(fail(Step::Rename, e)),
+    }
     reached(Step::Rename);
     // SAFETY: `dir` is an open fd for the duration of the call; fsync touches no memory.
     let dir_synced = match unsafe { libc::fsync(dir.as_raw_fd()) } {
@@ -110,11 +166,11 @@ pub fn replace_at<T>(
         _ => Err(fail(Step::SyncDir, io::Error::last_os_error())),
     };
     reached(Step::SyncDir);
-    Ok(Replaced {
+    Ok(Some(Replaced {
         file,
         value,
         dir_synced,
-    })
+    }))
 }
 
 /// Whether `name` is one [`replace`] gives its temp files: `.NAME.tmp-PID-RANDOM`, with a
@@ -247,13 +303,44 @@ impl<'a> Temp<'a> {
         }
     }
 
-    fn rename_to(mut self, target: &CString) -> io::Result<()> {
+    /// Step 4: the temp file becomes `target`. With [`Onto::Absent`], `EEXIST` if `target`
+    /// exists (the temp file is then removed when `self` drops).
+    fn rename_to(mut self, target: &CString, onto: Onto) -> io::Result<()> {
         let dir = self.dir.as_raw_fd();
+        let (from, to) = (self.name.as_ptr(), target.as_ptr());
+        let flags = match onto {
+            Onto::Replace => 0,
+            Onto::Absent => libc::RENAME_NOREPLACE,
+        };
         // SAFETY: a valid directory fd and two NUL-terminated names.
-        if unsafe { libc::renameat(dir, self.name.as_ptr(), dir, target.as_ptr()) } != 0 {
+        let renamed = unsafe {
+            if flags == 0 {
+                libc::renameat(dir, from, dir, to)
+            } else {
+                libc::renameat2(dir, from, dir, to, flags)
+            }
+        };
+        if renamed == 0 {
+            self.renamed = true;
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match (onto, e.raw_os_error()) {
+            // No RENAME_NOREPLACE here (an older kernel, some network filesystems).
+            (Onto::Absent, Some(libc::EINVAL | libc::ENOSYS)) => self.link_to(target),
+            _ => Err(e),
+        }
+    }
+
+    /// [`Onto::Absent`]'s step 4 without `RENAME_NOREPLACE`: a hard link, which never
+    /// replaces; the temp name is unlinked when `self` drops.
+    fn link_to(self, target: &CString) -> io::Result<()> {
+        let dir = self.dir.as_raw_fd();
+        // SAFETY: a valid directory fd and two NUL-terminated names; no flag: the temp file
+        // is not a symlink (O_NOFOLLOW|O_EXCL made it), and nothing is followed.
+        if unsafe { libc::linkat(dir, self.name.as_ptr(), dir, target.as_ptr(), 0) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        self.renamed = true;
         Ok(())
     }
 }
@@ -384,6 +471,39 @@ mod tests {
         assert_eq!(done.value, 4);
         done.file.write_all(b"more\n").unwrap();
         assert_eq!(fs::read(dir.path().join("t")).unwrap(), b"new\nmore\n");
+    }
+
+    #[test]
+    fn create_makes_a_missing_file_and_leaves_an_existing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("record.key");
+        assert!(create(dir.path(), "record.key", b"first", 0o600).unwrap());
+        assert_eq!(fs::read(&key).unwrap(), b"first");
+        assert_eq!(mode(&key), 0o600);
+        assert!(!create(dir.path(), "record.key", b"second", 0o644).unwrap());
+        assert_eq!(fs::read(&key).unwrap(), b"first", "never replaced");
+        assert_eq!(mode(&key), 0o600);
+        assert_eq!(listing(dir.path()), ["record.key"]);
+    }
+
+    /// Where the filesystem has no RENAME_NOREPLACE: a link, which never replaces either.
+    #[test]
+    fn create_by_link_never_replaces_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = dir.path_fd();
+        let target = CString::new("k").unwrap();
+        for (content, made) in [(&b"first"[..], true), (b"second", false)] {
+            let (temp, mut file) = Temp::create(fd, OsStr::new("k"), 0o600).unwrap();
+            file.write_all(content).unwrap();
+            let linked = temp.link_to(&target);
+            if made {
+                linked.unwrap();
+            } else {
+                assert_eq!(linked.unwrap_err().raw_os_error(), Some(libc::EEXIST));
+            }
+            assert_eq!(listing(dir.path()), ["k"]);
+            assert_eq!(fs::read(dir.path().join("k")).unwrap(), b"first");
+        }
     }
 
     #[test]
