@@ -36,9 +36,5 @@ pub mod rewind;
 )]
 pub mod state;
 pub mod sys;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the transcript and journal in STATE, never SRC"
-)]
 pub mod transcript;
 pub mod transport;
