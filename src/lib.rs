@@ -53,10 +53,6 @@ pub(crate) mod rewind;
 )]
 pub(crate) mod state;
 pub(crate) mod sys;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the transcript and journal in STATE, never SRC"
-)]
 pub(crate) mod transcript;
 // Public: the FUSE codec's fuzz target and examples/uring_proof.rs drive it directly.
 pub mod transport;

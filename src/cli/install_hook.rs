@@ -7,13 +7,14 @@
 //! - Idempotent: installing twice leaves one entry (a moved script is updated in place).
 //!   Our entries are recognised by the script's file name, so `--remove` also finds one
 //!   installed from another checkout.
-//! - Atomic: the new file is written next to the old one, synced, and renamed over it, so a
-//!   crash leaves the old or the new file, never a mix. A symlinked settings file (dotfile
-//!   managers) is edited at its target and stays a symlink.
+//! - Atomic: the new file is written next to the old one, synced, and renamed over it (the
+//!   one atomic write, `crate::state::atomic`), so a crash leaves the old or the new file,
+//!   never a mix. A symlinked settings file (dotfile managers) is edited at its target and
+//!   stays a symlink.
 //! - A file that is not a JSON object is refused with a clear error and left untouched.
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
@@ -278,39 +279,37 @@ fn resolve_symlink(path: &Path) -> io::Result<PathBuf> {
     }
 }
 
-/// Writes `settings` to `path` by temp file + fsync + rename (+ fsync of the directory), with
-/// the old file's mode (0600 for a new one: settings may hold tokens).
+/// Writes `settings` to `path`, atomically and durably (`crate::state::atomic`: a crash
+/// leaves the old file or the new one), with the old file's mode (0600 for a new one:
+/// settings may hold tokens). Creates the agent's directory first if it is missing.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "creates the agent's settings directory (~/.claude, ...), never SRC"
+)]
 fn write_atomically(path: &Path, settings: &Map<String, Value>) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
     fs::create_dir_all(dir)
         .map_err(|e| crate::sys::context(format!("cannot create {}", dir.display()), e))?;
     let mode = fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o7777);
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.checkpointfs-{}.tmp", std::process::id()));
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a file name", path.display()),
+        )
+    })?;
     let mut text = serde_json::to_string_pretty(&Value::Object(settings.clone()))?;
     text.push('\n');
-    let written = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(crate::sys::context(
-            format!("cannot write {}", path.display()),
-            e,
-        ));
-    }
-    Ok(())
+    crate::state::atomic::write(dir, name, text.as_bytes(), mode)
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests write agents' settings files directly, as the agents and users do"
+)]
 mod tests {
     use super::*;
 

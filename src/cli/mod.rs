@@ -8,10 +8,6 @@
 //! more (see [`crate::cli::exit_status::UMOUNT_EXIT_STATUS`]).
 pub mod commands;
 pub mod exit_status;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the agents' own settings.json files, never SRC"
-)]
 pub mod install_hook;
 #[allow(
     clippy::disallowed_methods,

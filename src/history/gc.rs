@@ -45,7 +45,7 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use log::{info, warn};
+use log::info;
 use serde::{Deserialize, Serialize};
 
 use super::model::{apply_record, backup_of};
@@ -439,24 +439,6 @@ pub fn failpoint(name: &str) {
     }
 }
 
-/// Removes `.transcript.jsonl.rewrite-*` temp files left by a compaction that crashed before
-/// its rename. Only call this while holding the state lock (a live daemon's gc may be
-/// writing one).
-pub fn remove_stale_rewrites(state_dir: &Path) -> io::Result<()> {
-    let prefix = format!(".{TRANSCRIPT_FILE}.rewrite-");
-    for entry in std::fs::read_dir(state_dir)? {
-        let entry = entry?;
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
-            warn!(
-                "removing {}, left by a gc that did not finish",
-                entry.path().display()
-            );
-            std::fs::remove_file(entry.path())?;
-        }
-    }
-    Ok(())
-}
-
 impl History {
     /// gc in the daemon, for [`super::Quiesced::gc`] (every mutation excluded).
     pub(super) fn gc_quiesced(
@@ -583,7 +565,8 @@ pub fn gc_state_dir(
     let transcript = state_dir.join(TRANSCRIPT_FILE);
     let journal_path = state_dir.join("backups").join(JOURNAL_FILE_NAME);
     if !dry_run {
-        remove_stale_rewrites(state_dir)?;
+        // The caller holds the state lock, so no write is under way.
+        crate::state::dir::remove_leftover_temps(state_dir)?;
     }
     let store = Store::open(&state_dir.join("backups"))?;
     let outcome = read_transcript(&transcript).map_err(replay_error)?;

@@ -44,10 +44,6 @@ pub mod changes;
 mod checkpoint;
 pub mod epoch;
 pub mod exclusions;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "removes gc's own leftover temp files in STATE, never SRC"
-)]
 pub mod gc;
 pub mod ids;
 pub mod logdiff;
@@ -57,10 +53,6 @@ mod open;
 mod open_files;
 mod process;
 pub mod quote;
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the settings file in STATE, never SRC"
-)]
 pub mod settings;
 pub mod status;
 #[allow(

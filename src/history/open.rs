@@ -166,8 +166,9 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
         Some(fd) => fd,
         None => open_source(&cfg.source)?,
     };
-    // The daemon holds the state lock, so no gc is writing one of these right now.
-    super::gc::remove_stale_rewrites(&cfg.state_dir)?;
+    // Temp files of writes killed before their rename. The daemon holds the state lock, so
+    // no write is under way.
+    crate::state::dir::remove_leftover_temps(&cfg.state_dir)?;
     let policy = match cfg.durability {
         Durability::Batched => SyncPolicy::Batched,
         // Strict syncs the filesystem after each backup; process only at unmount.

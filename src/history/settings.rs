@@ -3,8 +3,7 @@
 //! at one mount and tracked at the next would have a history with holes that nothing
 //! explains. A mount that gives no exclusion flags uses the saved ones; flags given replace
 //! the saved value of that setting (see `checkpointfs mount --help`).
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -37,24 +36,18 @@ pub fn load(state_dir: &Path) -> Result<Option<Settings>, String> {
     })
 }
 
-/// Saves `settings` in `state_dir` atomically (temporary file, fsync, rename).
+/// Saves `settings` in `state_dir`, atomically and durably (`crate::state::atomic`).
 pub fn save(state_dir: &Path, settings: &Settings) -> io::Result<()> {
-    let tmp = state_dir.join(format!(".{SETTINGS_FILE}.tmp"));
     let mut text = serde_json::to_vec_pretty(settings)?;
     text.push(b'\n');
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&text)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, state_dir.join(SETTINGS_FILE))
+    crate::state::dir::write_file(state_dir, SETTINGS_FILE, &text)
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test writes a corrupt settings file directly, as a user could"
+)]
 mod tests {
     use super::*;
 

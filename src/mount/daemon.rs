@@ -92,23 +92,13 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         durability: cfg.durability,
     })?;
     // Saved once the history is known to be readable: a state dir refused for a corrupt
-    // transcript keeps its settings.
+    // transcript keeps its settings. (An error names the file and keeps its errno.)
     crate::history::settings::save(
         &cfg.state_dir,
         &crate::history::settings::Settings {
             exclusions: cfg.exclusions.clone(),
         },
-    )
-    .map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!(
-                "cannot save {}/{}: {e}",
-                cfg.state_dir.display(),
-                crate::history::settings::SETTINGS_FILE
-            ),
-        )
-    })?;
+    )?;
     info!("exclusions: {}", history.exclusions().summary());
     let copier = {
         let h = history.clone();

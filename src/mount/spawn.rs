@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::mount::daemon::{self, DaemonConfig};
-use crate::mount::registry::{LOG_FILE, PID_FILE, remove_pid_file, write_pid_and_mountpoint};
+use crate::mount::registry::{LOG_FILE, remove_pid_file, write_pid_and_mountpoint};
 use crate::sys::{error_text, poll_readable};
 
 /// How long `mount` waits for a detached daemon to report that the mount is live.
@@ -107,11 +107,8 @@ impl Write for LogLines {
 pub(crate) fn run_foreground(cfg: DaemonConfig) -> Result<(), Reported> {
     init_logger();
     if let Err(e) = write_pid_and_mountpoint(&cfg.state_dir, &cfg.mountpoint) {
-        eprintln!(
-            "checkpointfs: cannot write {}/{PID_FILE}: {}",
-            cfg.state_dir.display(),
-            error_text(&e)
-        );
+        // The error names the file ("cannot write STATE/daemon.pid (...)").
+        eprintln!("checkpointfs: {}", error_text(&e));
         return Err(Reported);
     }
     let state_dir = cfg.state_dir.clone();
@@ -337,11 +334,8 @@ fn daemon_child(
         log::warn!("cannot chdir to /: {e}");
     }
     if let Err(e) = write_pid_and_mountpoint(&cfg.state_dir, &cfg.mountpoint) {
-        let msg = format!(
-            "cannot write {}/{PID_FILE}: {}",
-            cfg.state_dir.display(),
-            error_text(&e)
-        );
+        // The error names the file ("cannot write STATE/daemon.pid (...)").
+        let msg = error_text(&e);
         log::error!("{msg}");
         report_failure(&pipe, &msg);
         return Err(Reported);

@@ -1,8 +1,11 @@
-//! The state dir (`--state-dir`, STATE): who may write it, its lock, and how durable the
-//! backups written into it are. (The settings kept with the history are
-//! `history::settings`: they are the history's exclusions.)
+//! The state dir (`--state-dir`, STATE): who may write it, its lock, how durable the
+//! backups written into it are, and the one way a file in it is replaced whole
+//! ([`atomic`]). (The settings kept with the history are `history::settings`: they are the
+//! history's exclusions.)
 //!
-//! Everything here is about STATE, never SRC.
+//! Everything here is about STATE, never SRC. ([`atomic`] also serves the agents' settings
+//! files that `install-hook` edits: small files of the user's, never SRC either.)
+pub mod atomic;
 pub mod dir;
 pub mod durability;
 pub mod lock;

@@ -195,6 +195,10 @@ fn write_line(mut file: &File, line: &[u8]) -> io::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests write journal files directly, as a crash or an attacker would leave them"
+)]
 mod tests {
     use std::fs;
     use std::io::Write;

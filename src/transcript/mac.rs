@@ -361,38 +361,21 @@ fn read_key(path: &Path) -> io::Result<RecordKey> {
     })
 }
 
-/// Creates the key at `path` atomically: 32 bytes from getrandom(2) into a temporary file
-/// (O_EXCL, O_NOFOLLOW, 0600), synced, then hard-linked to its name, which fails if the name
-/// exists (a concurrent mount made the key first: theirs is kept and read).
+/// Creates the key at `path`: 32 bytes from getrandom(2), written by the one atomic write
+/// (`crate::state::atomic::create`: a temp file, fsync, a rename that never replaces, fsync of
+/// the directory), 0600. If the name exists by then (a concurrent mount made the key first),
+/// theirs is kept and read.
 fn create_key(dir: &Path, path: &Path) -> io::Result<()> {
     let mut key = [0u8; KEY_LEN];
     getrandom::fill(&mut key)?;
-    let tmp = dir.join(format!(".{KEY_FILE}.{}.tmp", std::process::id()));
-    // A temp file left by a crash of this pid's predecessor is only ever ours.
-    let _ = fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        f.write_all(&key)?;
-        f.sync_all()?;
-        match fs::hard_link(&tmp, path) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            other => other,
-        }
-    })();
-    let _ = fs::remove_file(&tmp);
-    written
-        .map_err(|e| crate::sys::context(format!("creating record key {}", path.display()), e))?;
-    fs::File::open(dir)?.sync_all()?;
-    log::info!(
-        "created the record key {} (it signs set-id modes in this user's histories; keep it \
-         with them when moving a state dir to another account)",
-        path.display()
-    );
+    // An error names the file (and keeps its errno).
+    if crate::state::atomic::create(dir, KEY_FILE, &key, 0o600)? {
+        log::info!(
+            "created the record key {} (it signs set-id modes in this user's histories; keep \
+             it with them when moving a state dir to another account)",
+            path.display()
+        );
+    }
     Ok(())
 }
 
@@ -518,15 +501,14 @@ pub fn read_state_id(state_dir: &Path) -> io::Result<Option<StateId>> {
     }))
 }
 
-/// Writes the state dir's id durably (0600, tmp + rename, then the directory synced).
+/// Writes the state dir's id, atomically and durably (`crate::state::atomic`).
 pub fn write_state_id(state_dir: &Path, id: &StateId) -> io::Result<()> {
     let text = if id.complete {
         format!("{}\n", id.id)
     } else {
         format!("{} pending\n", id.id)
     };
-    crate::state::dir::write_file(state_dir, STATE_ID_FILE, text.as_bytes())?;
-    fs::File::open(state_dir)?.sync_all()
+    crate::state::dir::write_file(state_dir, STATE_ID_FILE, text.as_bytes())
 }
 
 /// A fresh random state id (16 bytes from getrandom(2), in hex).
@@ -537,6 +519,10 @@ pub fn new_state_id() -> io::Result<String> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests make key files and directories others could read or replace, as an attacker would"
+)]
 mod tests {
     use super::*;
     use crate::transcript::testutil::file_entry;

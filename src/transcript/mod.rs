@@ -7,5 +7,9 @@ pub mod mac;
 pub mod record;
 pub mod replay;
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the tests' transcripts, written directly"
+)]
 pub(crate) mod testutil;
 pub mod writer;

@@ -259,6 +259,10 @@ pub(crate) fn repair_tail(path: &Path, torn: bool) -> io::Result<bool> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests write transcripts directly, torn and corrupt ones included"
+)]
 mod tests {
     use super::*;
     use crate::transcript::testutil::{backup, checkpoint, write_lines};

@@ -28,14 +28,12 @@
 //! [`truncate_torn_tail`](super::replay::truncate_torn_tail), then [`TranscriptWriter::start`]
 //! (which refuses a file that does not end on a line boundary rather than glue new records to
 //! a torn line).
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -493,8 +491,9 @@ impl Worker {
         self.accepted_seq = self.accepted_seq.max(last);
         self.durable_seq = self.durable_seq.max(self.accepted_seq.unwrap_or(0));
         if let Err(e) = replaced.dir_sync {
+            // The error names the file and the step already.
             self.dir_unsynced = true;
-            return Err(fsutil::with_path(&self.path, "syncing the directory of", e));
+            return Err(e);
         }
         self.notify_durable();
         Ok(self.durable_seq)
@@ -513,11 +512,12 @@ impl Worker {
     }
 }
 
-/// Replaces `path` with a transcript holding exactly `records` (gc compaction): writes a temp
-/// file in the same directory, fsyncs it, renames it over `path` and fsyncs the directory.
+/// Replaces `path` with a transcript holding exactly `records` (gc compaction), by the one
+/// atomic write (`crate::state::atomic`): a temp file in the same directory, fsync, rename
+/// over `path`, fsync of the directory.
 ///
 /// A crash at any point leaves either the complete old file or the complete new one (plus,
-/// before the rename, a stray hidden temp file `.NAME.rewrite-*`, which is safe to delete).
+/// before the rename, a stray temp file `.NAME.tmp-PID-RANDOM`, removed at the next mount).
 /// On error before the rename the temp file is removed and `path` is untouched. `records` must
 /// have strictly increasing `seq` (`InvalidInput` otherwise), so the result always replays.
 /// The new file keeps the old one's permission bits.
@@ -555,56 +555,32 @@ fn replace(path: &Path, records: &[Record]) -> io::Result<Replaced> {
             format!("rewriting {}: not a file path", path.display()),
         )
     })?;
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let tmp = path.with_file_name(format!(
-        ".{}.rewrite-{}-{nanos}-{}",
-        name.to_string_lossy(),
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| fsutil::with_path(&tmp, "creating", e))?;
-    let written = (|| -> io::Result<u64> {
-        if let Ok(meta) = fs::metadata(path) {
-            // The old file's bits, but never more than the owner's (see crate::state::dir).
-            let mode = meta.permissions().mode() & 0o600;
-            file.set_permissions(fs::Permissions::from_mode(mode))?;
-        }
-        let mut w = BufWriter::with_capacity(1 << 20, &file);
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    // The old file's bits, but never more than the owner's (see crate::state::dir).
+    let mode = fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o600);
+    let replaced = crate::state::atomic::replace(dir, name, mode, |file| {
+        let mut w = BufWriter::with_capacity(1 << 20, &*file);
         for record in records {
             serde_json::to_writer(&mut w, record)?;
             w.write_all(b"\n")?;
         }
         w.flush()?;
         drop(w);
-        file.sync_all()?;
-        let len = file.metadata()?.len();
-        fs::rename(&tmp, path)?;
-        Ok(len)
-    })();
-    match written {
-        Ok(len) => Ok(Replaced {
-            file,
-            len,
-            dir_sync: fsutil::sync_parent_dir(path),
-        }),
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(fsutil::with_path(path, "rewriting", e))
-        }
-    }
+        Ok(file.metadata()?.len())
+    })?;
+    Ok(Replaced {
+        file: replaced.file,
+        len: replaced.value,
+        dir_sync: replaced.dir_synced,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::OpenOptions;
     use std::sync::atomic::Ordering;
     use std::sync::{Arc, Mutex};
 

@@ -127,3 +127,45 @@ fn files_an_older_version_left_world_writable_are_made_private() {
     m.mount();
     assert_eq!(fs::metadata(&transcript).unwrap().mode() & 0o777, 0o600);
 }
+
+#[test]
+fn temp_files_of_killed_writes_are_removed_at_the_next_mount_and_nothing_else() {
+    let mut m = TestMount::unmounted(&[]);
+    m.mount();
+    fs::write(m.mnt.join("f"), "x\n").unwrap();
+    checkpoint(&m, "c1");
+    m.umount();
+    let settings = fs::read(m.state.join("settings.json")).unwrap();
+    // What a write killed before its rename leaves (state::atomic's names, and the names
+    // older versions used), and files that only look like them.
+    let leftovers = [
+        ".settings.json.tmp-99999-0123456789abcdef",
+        ".transcript.jsonl.tmp-99999-fedcba9876543210",
+        ".source.tmp",
+    ];
+    let lookalikes = [
+        ".settings.json.tmp-99999-0123456789abcdef.keep",
+        "notes.tmp-1-0123456789abcdef",
+    ];
+    for name in leftovers.iter().chain(&lookalikes) {
+        fs::write(m.state.join(name), "half a file").unwrap();
+    }
+    m.mount();
+    for name in leftovers {
+        assert!(!m.state.join(name).exists(), "{name} survived the mount");
+    }
+    for name in lookalikes {
+        assert!(m.state.join(name).exists(), "{name} was removed");
+    }
+    assert!(
+        m.daemon_log()
+            .contains("left by a write that did not finish"),
+        "{}",
+        m.daemon_log()
+    );
+    assert_eq!(fs::read(m.state.join("settings.json")).unwrap(), settings);
+    assert_eq!(
+        fs::read_to_string(common::at(&m, "c1").join("f")).unwrap(),
+        "x\n"
+    );
+}
