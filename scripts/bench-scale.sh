@@ -4,7 +4,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: scripts/bench-scale.sh [--quick] [--bin PATH] [--help]
+usage: scripts/bench-scale.sh [--quick] [--bin PATH] [--only NAME[,NAME...]] [--rounds N] [--help]
 
 Prints, in one run on the same disk (each figure with what it is compared to):
   transcript_per_checkpoint  transcript bytes added per checkpoint (5 paths changed
@@ -16,26 +16,49 @@ Prints, in one run on the same disk (each figure with what it is compared to):
   first_write                median first write (append 1 byte) to an existing small
                              file, per --durability mode the binary has, against
                              the same append natively;                        bar <= 15x (default)
+  first_write_after_checkpoint
+                             1,000 untracked 100-byte files in 10 directories, each
+                             appended once (open O_WRONLY|O_APPEND, write a line,
+                             close) right after a checkpoint, against the same
+                             appends on a plain directory: median per file, in
+                             --rounds alternating rounds (native, default mode,
+                             strict), the median of the rounds;               bar <= 15x (default)
+                             and strict's syncs per backup (daemon log);      bar <= 1
   store_bytes                bytes the store allocates against the allocated bytes
                              of the distinct contents it holds: pre-images and the
                              checkpoint's versions (a sparse file included);  bar <= 1.0x
 --quick: 1k/10k tracked paths and 200 checkpoints (the bars are then indicative only).
+--only: run only these sections (transcript, long, first_write,
+first_write_after_checkpoint, store). --rounds: rounds of first_write_after_checkpoint
+(default 3).
 Needs root (FUSE mounts). Every mount is unmounted on every exit path.
 EOF
 }
 
-QUICK=0
+QUICK=0 ONLY="" ROUNDS=3
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${CHECKPOINTFS_BIN:-$ROOT/target/release/checkpointfs}
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
         --bin) BIN=$2; shift ;;
+        --only) ONLY=$2; shift ;;
+        --rounds) ROUNDS=$2; shift ;;
         -h | --help) usage; exit 0 ;;
         *) echo "bench-scale: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "bench-scale: --rounds must be a positive number" >&2; exit 2; }
+for name in ${ONLY//,/ }; do
+    case $name in
+        transcript | long | first_write | first_write_after_checkpoint | store) ;;
+        *) echo "bench-scale: unknown section '$name' (see --help)" >&2; exit 2 ;;
+    esac
+done
+# Whether section $1 runs (all of them without --only). Each section below is one
+# `if wanted NAME; then ... fi`, its body not indented (it holds heredocs).
+wanted() { [[ -z $ONLY || ,$ONLY, == *,$1,* ]]; }
 # shellcheck source=lib/bench-workdir.sh
 source "$ROOT/scripts/lib/bench-workdir.sh"
 bench_workdir bench-scale
@@ -103,6 +126,7 @@ for k in range(c):
 lat.sort()
 print(f"{statistics.median(lat):.2f} {lat[int(len(lat) * 0.9)]:.2f}")'
 
+if wanted transcript; then
 echo "== transcript and marker as the tree grows (5 paths changed per checkpoint)"
 row "workload" "value" "compared to" "ratio" "note"
 for n in $SIZES; do
@@ -123,7 +147,9 @@ for n in $SIZES; do
     verdict "marker_latency_$n" "$med" "<=" 5
     rm -rf "$SRC" "$STATE"
 done
+fi
 
+if wanted long; then
 echo
 echo "== a long session: $LONG_CHECKPOINTS checkpoints at 10k tracked paths"
 fresh long
@@ -141,7 +167,9 @@ row "log_after_$LONG_CHECKPOINTS" "$log_s s" "2 s" "-" "(checkpointfs log, text)
 verdict "remount" "$mount_s" "<=" 3
 verdict "log" "$log_s" "<=" 2
 rm -rf "$SRC" "$STATE"
+fi
 
+if wanted first_write; then
 echo
 echo "== first write to an existing small file (open, append 1 byte, close), median of 2000"
 first_write='import os, statistics, sys, time
@@ -185,7 +213,82 @@ for mode in $modes; do
     [[ $mode == default ]] && verdict "first_write_default" "$r" "<=" 15
     rm -rf "$SRC" "$STATE"
 done
+fi
 
+if wanted first_write_after_checkpoint; then
+echo
+echo "== first write right after a checkpoint: 1,000 untracked 100-byte files in 10 directories, $ROUNDS alternating rounds"
+# Ten directories of 100 files of 100 bytes, all different (each backup stores new content),
+# made in SRC directly: untracked, and unknown to the kernel's caches, as a checkout or an
+# unpacked tree is before the agent's first edits.
+make_tree='import os, sys
+for d in range(10):
+    os.makedirs(os.path.join(sys.argv[1], f"d{d}"))
+    for i in range(100):
+        with open(os.path.join(sys.argv[1], f"d{d}", f"f{i:03d}"), "w") as f:
+            f.write(f"{d}/{i} ".ljust(99, "x") + "\n")'
+# The median microseconds of one append per file: open O_WRONLY|O_APPEND, write a line, close.
+append_once='import os, statistics, sys, time
+lat = []
+for d in range(10):
+    for i in range(100):
+        p = os.path.join(sys.argv[1], f"d{d}", f"f{i:03d}")
+        t = time.perf_counter()
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"appended\n")
+        os.close(fd)
+        lat.append((time.perf_counter() - t) * 1e6)
+print(f"{statistics.median(lat):.1f}")'
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+declare -A fwc=() fwc_ratios=()
+strict_max=0
+SRC=$W/fwc-src STATE=$W/fwc-state
+for round in $(seq "$ROUNDS"); do
+    for mode in native default strict; do
+        rm -rf "$SRC" "$STATE"
+        mkdir -p "$SRC"
+        python3 -c "$make_tree" "$SRC"
+        sync
+        if [[ $mode == native ]]; then
+            us=$(python3 -c "$append_once" "$SRC")
+            native_us=$us
+        else
+            args=()
+            [[ $mode == strict ]] && args=(--durability strict)
+            "$BIN" mount "$SRC" "$MNT" --state-dir "$STATE" "${args[@]}"
+            echo "before-the-edits" > "$MNT/.checkpoint/ctl"
+            us=$(python3 -c "$append_once" "$MNT")
+            # The kernel sends the last RELEASEs after close() returns: retry a busy unmount.
+            for try in 1 2 3 4 5; do
+                "$BIN" umount "$MNT" 2>/dev/null && break
+                [[ $try == 5 ]] && "$BIN" umount "$MNT"
+                sleep 0.5
+            done
+            fwc_ratios[$mode]+="$(awk -v a="$us" -v b="$native_us" 'BEGIN { printf "%.1fx ", a / b }')"
+            if [[ $mode == strict ]]; then
+                stats=$(grep -o 'layer 1 ([a-z]* durability):.*' "$STATE/daemon.log" | tail -1)
+                m=$(sed -n 's/.* at most \([0-9]*\) per backup.*/\1/p' <<<"$stats")
+                (( ${m:-99} > strict_max )) && strict_max=${m:-99}
+                fwc[strict_stats]=${stats#*: }
+            fi
+        fi
+        fwc[$mode]+="$us "
+    done
+done
+rm -rf "$SRC" "$STATE"
+native_med=$(median <<<"${fwc[native]}")
+row "first_write_ckpt_native" "$native_med us" "-" "-" "(plain directory; rounds: ${fwc[native]% })"
+for mode in default strict; do
+    med=$(median <<<"${fwc[$mode]}")
+    r=$(awk -v a="$med" -v b="$native_med" 'BEGIN { printf "%.1f", a / b }')
+    row "first_write_ckpt_$mode" "$med us" "$native_med us" "${r}x" "(rounds: ${fwc[$mode]% }; ratios ${fwc_ratios[$mode]% })"
+    [[ $mode == default ]] && verdict "first_write_ckpt_default" "$r" "<=" 15
+done
+row "first_write_ckpt_strict_syncs" "$strict_max" "1" "-" "(most syncs one backup made; last round: ${fwc[strict_stats]})"
+verdict "first_write_ckpt_strict_syncs_per_backup" "$strict_max" "<=" 1
+fi
+
+if wanted store; then
 echo
 echo "== store bytes against the distinct contents it holds"
 SRC=$W/store-src STATE=$W/store-state
@@ -238,6 +341,7 @@ PY
 r=$(awk -v a="$store_alloc" -v b="$unique_alloc" 'BEGIN { printf "%.2f", a / b }')
 row "store_bytes" "$store_alloc B" "$unique_alloc B" "${r}x" "(allocated, against the distinct pre-images and checkpointed contents; 200 files, half identical, + a 256 MiB sparse file)"
 verdict "store_bytes" "$r" "<=" 1.0
+fi
 
 echo
 [[ $QUICK == 1 ]] && echo "bench-scale: --quick sizes: the bars are indicative only"

@@ -147,8 +147,10 @@ impl Gate {
                 caller,
                 String::from_utf8_lossy(&rel)
             );
+            // The backup reads the object through its own fd, the one `rel` came from.
+            let fd = inode.fd()?;
             self.history
-                .before_change(caller, &rel, Some(inode.is_dir()))?;
+                .before_object_change(caller, &rel, fd.as_fd(), Some(inode.is_dir()))?;
             self.note_rules_dependency(&mut admission.rules_touched, rel, false);
         }
         Ok(ObjectPermit { admission, inode })

@@ -76,8 +76,9 @@ pub struct Opened {
     /// asynchronously, possibly after the caller's next request). Three reasons: the handle
     /// writes a file the exclusion rules are read from, so the new rules are in force
     /// before close returns; it is `ctl`, which takes a last line without newline at close;
-    /// or it writes through kernel passthrough, so the kernel's cached attributes can be
-    /// dropped before close returns (see [`PassthroughFs::flush`]).
+    /// or it can write through a shared mapping with kernel passthrough (open for reading
+    /// and writing), so the kernel's cached attributes can be dropped before close returns
+    /// (see [`PassthroughFs::flush`]). Any other handle closes without a round trip.
     pub flush_on_close: bool,
 }
 
@@ -745,6 +746,12 @@ impl PassthroughFs {
             _ => None,
         };
         let passthrough = backing.is_some();
+        // Only a handle open for reading and writing can carry a shared writable mapping
+        // (mmap(2) wants FMODE_READ for any mapping, FMODE_WRITE for a shared writable one:
+        // EACCES otherwise). A write-only handle changes data by write(2) alone, after which
+        // the kernel drops the cached attributes itself; so it needs no FLUSH, which would
+        // cost every `>>`/`>` redirection and every first write a round trip at close(2).
+        let can_map_writable = flags & libc::O_ACCMODE == libc::O_RDWR;
         let direct_io = flags & libc::O_DIRECT != 0 && backing.is_none();
         // The kernel's page cache across opens, when the daemon serves the reads: a read it
         // answers never reaches SRC, so under `strictatime` (every read updates atime) each
@@ -761,7 +768,7 @@ impl PassthroughFs {
             backing,
             direct_io,
             keep_cache,
-            flush_on_close: writes_rules || (writable && passthrough),
+            flush_on_close: writes_rules || (writable && can_map_writable && passthrough),
         })
     }
 
@@ -931,11 +938,12 @@ impl PassthroughFs {
     /// FLUSH, at every close(2) of a handle opened with `flush_on_close`; close(2) waits for
     /// it (RELEASE may come later). For `ctl`, takes a last line without its newline. Returns
     /// whether the kernel's cached attributes of the inode must be dropped (the adapter tells
-    /// the kernel before replying): the handle wrote through kernel passthrough, where a write
-    /// through a shared mapping goes to SRC's page cache without the FUSE inode hearing of
-    /// it, so the mtime/ctime SRC's filesystem set at the page fault would otherwise stay
+    /// the kernel before replying): the handle can write through kernel passthrough, where a
+    /// write through a shared mapping goes to SRC's page cache without the FUSE inode hearing
+    /// of it, so the mtime/ctime SRC's filesystem set at the page fault would otherwise stay
     /// hidden behind the day-long attribute timeout (xfstests generic/080, 215). write(2)
-    /// through passthrough needs none of this: the kernel invalidates them itself.
+    /// through passthrough needs none of this: the kernel invalidates them itself; so a
+    /// write-only handle, which cannot be mapped, is opened without FLUSH (`Opened`).
     pub fn flush(&self, _ino: u64, fh: u64, lock_owner: u64) -> io::Result<bool> {
         // Nothing buffered in the daemon but a `ctl` line without its newline; POSIX locks
         // are handled by the kernel.

@@ -222,7 +222,24 @@ impl Store {
     ///
     /// `src` must be open for reading. Errors are returned with their raw errno.
     pub fn put_file(&self, src: &File) -> io::Result<StoredObject> {
-        if let Some(data) = self.read_if_packable(src)? {
+        self.put_file_seen(src, None)
+    }
+
+    /// [`Store::put_file`] of a file the caller has just stat'ed (`st`, of the same inode):
+    /// the store takes its size and allocated blocks from it instead of a stat of its own.
+    /// They only choose between a pack and a file; a file that changed since is still
+    /// stored whole, up to the EOF its reads see.
+    pub fn put_file_stat(&self, src: &File, st: &libc::stat) -> io::Result<StoredObject> {
+        let seen = (
+            u64::try_from(st.st_size).unwrap_or(0),
+            u64::try_from(st.st_blocks).unwrap_or(0),
+        );
+        self.put_file_seen(src, Some(seen))
+    }
+
+    /// `seen`: the size and 512-byte blocks of `src` if the caller knows them.
+    fn put_file_seen(&self, src: &File, seen: Option<(u64, u64)>) -> io::Result<StoredObject> {
+        if let Some(data) = self.read_if_packable(src, seen)? {
             return self.put_packed(&data);
         }
         self.put_file_impl(src, true)
@@ -467,16 +484,27 @@ impl Store {
     /// The whole content of `src` if it belongs in a pack: at most the pack limit, and no
     /// holes (allocated blocks cover its size; a sparse file stays a file of its own, so its
     /// holes are kept). `None` if it does not, also when it grew past the limit meanwhile.
-    fn read_if_packable(&self, src: &File) -> io::Result<Option<Vec<u8>>> {
+    /// `seen`: its size and 512-byte blocks, if the caller has just stat'ed it.
+    fn read_if_packable(
+        &self,
+        src: &File,
+        seen: Option<(u64, u64)>,
+    ) -> io::Result<Option<Vec<u8>>> {
         let Some(limit) = self.pack_limit else {
             return Ok(None);
         };
-        let meta = src.metadata()?;
-        if meta.len() > limit || meta.blocks().saturating_mul(512) < meta.len() {
+        let (len, blocks) = match seen {
+            Some(seen) => seen,
+            None => {
+                let meta = src.metadata()?;
+                (meta.len(), meta.blocks())
+            }
+        };
+        if len > limit || blocks.saturating_mul(512) < len {
             return Ok(None);
         }
         // One byte more than the limit: reading that much means it grew, and is too big.
-        let mut data = vec![0u8; usize::try_from(meta.len() + 1).unwrap_or(0)];
+        let mut data = vec![0u8; usize::try_from(len + 1).unwrap_or(0)];
         let mut len = 0usize;
         loop {
             if len == data.len() {
@@ -1209,6 +1237,44 @@ mod tests {
             .read_to_string(&mut content)
             .expect("read");
         assert_eq!(content, "file content\n");
+    }
+
+    /// `put_file_stat` with a stat taken before the file changed stores what the file holds
+    /// at the put, whole: grown past the pack limit it becomes a file of its own, shrunk it
+    /// is packed at its new length.
+    #[test]
+    fn put_file_stat_stores_the_content_at_the_put() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&tmp.path().join("backups")).expect("open store");
+        let stat_then_write = |name: &str, before: &[u8], after: &[u8]| {
+            let src = source_file(tmp.path(), name, before);
+            let st = crate::sys::fstat(std::os::fd::AsFd::as_fd(&src)).expect("fstat");
+            std::fs::write(tmp.path().join(name), after).expect("rewrite");
+            store.put_file_stat(&src, &st).expect("put")
+        };
+        let same = stat_then_write("same", b"unchanged", b"unchanged");
+        assert_eq!(same.method, CopyMethod::Packed);
+        assert_eq!(same.name, sha256_hex(b"unchanged"));
+
+        let big = pseudo_random(usize::try_from(pack::MAX_ENTRY).expect("limit") + 10, 3);
+        let grown = stat_then_write("grown", b"small", &big);
+        assert!(matches!(
+            grown.method,
+            CopyMethod::Copy | CopyMethod::Reflink
+        ));
+        assert_eq!(
+            (grown.name.as_str(), grown.size),
+            (sha256_hex(&big).as_str(), big.len() as u64)
+        );
+        assert_eq!(store.read_object(&grown.name).expect("read"), big);
+
+        let shrunk = stat_then_write("shrunk", b"a longer content", b"abc");
+        assert_eq!(shrunk.method, CopyMethod::Packed);
+        assert_eq!(
+            (shrunk.name.as_str(), shrunk.size),
+            (sha256_hex(b"abc").as_str(), 3)
+        );
+        assert_eq!(store.read_object(&shrunk.name).expect("read"), b"abc");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
@@ -113,6 +113,35 @@ impl History {
         self.track(rel, Some(caller), false)
     }
 
+    /// [`History::before_change`] for a change to one object that the caller holds open:
+    /// `object` is an O_PATH fd of what is at `rel` (the gate found `rel` from it). A backup
+    /// reads the object through that fd instead of resolving `rel` again beneath SRC (an
+    /// open, a stat and a close fewer on a first write). The same object either way: a
+    /// change through the mount that could put another one at `rel` (a rename, an unlink)
+    /// passes the gate for `rel` first, which backs it up (or waits while this backup has
+    /// `rel` busy), so by then `rel` is changed in this message and is not copied again.
+    pub fn before_object_change(
+        &self,
+        caller: &Caller,
+        rel: &[u8],
+        object: BorrowedFd<'_>,
+        is_dir: Option<bool>,
+    ) -> io::Result<()> {
+        let _daemon = FsCredsGuard::as_daemon();
+        let Some(rel) = rel_key(rel) else {
+            warn!(
+                "not tracking a path that is not UTF-8: {:?}",
+                String::from_utf8_lossy(rel)
+            );
+            return Ok(());
+        };
+        if self.is_excluded(rel, is_dir) {
+            return Ok(());
+        }
+        self.track_as(rel, Some(caller), Capture::Change, Some(object))
+            .map(drop)
+    }
+
     /// Layer 1 for a name about to leave SRC: `rel` is unlinked, or replaced by a rename
     /// (`is_dir`: what is there, if known). As [`History::before_change`], except that a
     /// regular file nobody else can change is backed up by linking its inode into the store
@@ -136,7 +165,7 @@ impl History {
         if self.is_excluded(rel, is_dir) {
             return Ok(None);
         }
-        self.track_as(rel, Some(caller), Capture::Leaving)
+        self.track_as(rel, Some(caller), Capture::Leaving, None)
     }
 
     /// Layer 1 for a rename: both names, and for a directory every path below it at its old
@@ -236,20 +265,22 @@ impl History {
     /// what is needed, then makes it as durable as the mode asks, with the state unlocked.
     pub(super) fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
         let how = if fill { Capture::Fill } else { Capture::Change };
-        self.track_as(rel, caller, how).map(drop)
+        self.track_as(rel, caller, how, None).map(drop)
     }
 
     /// [`History::track`], and for [`Capture::Leaving`] the object that still shares the
-    /// file's inode, if it was linked.
+    /// file's inode, if it was linked. `object`: an O_PATH fd of what is at `rel`, to copy
+    /// it from (see [`History::before_object_change`]); `None`: open `rel`.
     fn track_as(
         &self,
         rel: &str,
         caller: Option<&Caller>,
         how: Capture,
+        object: Option<BorrowedFd<'_>>,
     ) -> io::Result<Option<LinkedObject<'_>>> {
         let fill = how == Capture::Fill;
         let syncs_before = durability::syncs_on_this_thread();
-        let (sync, wrote, linked) = self.track_locked(rel, caller, how)?;
+        let (sync, wrote, linked) = self.track_locked(rel, caller, how, object)?;
         let recorded = sync != LayerSync::Nothing;
         match sync {
             LayerSync::Nothing | LayerSync::None => {}
@@ -278,6 +309,7 @@ impl History {
         rel: &str,
         caller: Option<&Caller>,
         how: Capture,
+        object: Option<BorrowedFd<'_>>,
     ) -> io::Result<(LayerSync, bool, Option<LinkedObject<'_>>)> {
         let fill = how == Capture::Fill;
         // Who the caller is, found (it reads /proc) only when a record needs it and only
@@ -360,14 +392,18 @@ impl History {
                         actor = Some(self.actor(c));
                     }
                     let mut linked = None;
+                    let leaving = how == Capture::Leaving;
                     let captured = if open_fill {
                         self.capture_open(rel)
                     } else {
-                        self.capture_as(rel, how == Capture::Leaving)
-                            .map(|(state, wrote, l)| {
-                                linked = l;
-                                (state, wrote)
-                            })
+                        match object {
+                            Some(fd) => self.capture_fd(fd, leaving),
+                            None => self.capture_as(rel, leaving),
+                        }
+                        .map(|(state, wrote, l)| {
+                            linked = l;
+                            (state, wrote)
+                        })
                     };
                     // A linked object's file can no longer change (its lease): the path need
                     // not stay busy while the caller removes it.
@@ -539,7 +575,6 @@ impl History {
     }
 
     /// Opens `rel` beneath SRC without following any symlink (not even in the middle).
-    /// Opens `rel` beneath SRC without following any symlink (not even in the middle).
     pub(crate) fn open_beneath(&self, rel: &str) -> io::Result<OwnedFd> {
         sys::open_beneath(self.source_fd.as_fd(), rel, libc::O_PATH, 0)
     }
@@ -588,7 +623,18 @@ impl History {
         let Some(fd) = self.open_existing(rel)? else {
             return Ok((VersionState::Absent, false, None));
         };
-        let st = sys::fstat(fd.as_fd())?;
+        self.capture_fd(fd.as_fd(), leaving)
+    }
+
+    /// [`History::capture_as`] of the object `fd` (O_PATH, not following a symlink) refers
+    /// to: what is at the path being captured.
+    #[allow(clippy::type_complexity)]
+    fn capture_fd(
+        &self,
+        fd: BorrowedFd<'_>,
+        leaving: bool,
+    ) -> io::Result<(VersionState, bool, Option<LinkedObject<'_>>)> {
+        let st = sys::fstat(fd)?;
         let Some(mut meta) = meta_of(&st) else {
             return Ok((VersionState::Absent, false, None));
         };
@@ -603,13 +649,14 @@ impl History {
                         LinkPut::Linked(l) => linked.insert(l).object().clone(),
                     }
                 } else {
-                    self.store.put_file(&file)?
+                    // The stat above is of this very inode: the store need not take its own.
+                    self.store.put_file_stat(&file, &st)?
                 };
                 meta.size = obj.size;
                 Some(obj.name)
             }
             EntryKind::Symlink => {
-                let target = sys::readlinkat(fd.as_fd(), sys::EMPTY)?;
+                let target = sys::readlinkat(fd, sys::EMPTY)?;
                 let obj = self.store.put_bytes(&target)?;
                 Some(obj.name)
             }

@@ -58,6 +58,7 @@ both_modes!(
     setattr_mode_owner_size,
     setattr_times,
     mmap_write_updates_times,
+    write_only_close_shows_new_size_and_times,
     mkdir_rmdir_unlink,
     rename_variants,
     hard_links,
@@ -737,6 +738,60 @@ fn mmap_write_updates_times(args: &[&str]) {
         "ctime not updated"
     );
     assert_eq!(fs::read(&p).unwrap(), b"X123456789");
+}
+
+/// A write-only handle closes without a FLUSH round trip (it cannot be mapped; see
+/// `Opened::flush_on_close` in src/fs/mod.rs): right after close, size, mtime and ctime
+/// through MNT are SRC's, though the attributes were cached before the write. And a mapping
+/// of such a handle is refused, as natively, so no write can bypass write(2) through it.
+fn write_only_close_shows_new_size_and_times(args: &[&str]) {
+    let m = TestMount::with_args(args);
+    let p = m.mnt.join("appended");
+    fs::write(&p, "0123456789").unwrap();
+    utimensat(&p, [ts(1_000_000_000, 0), ts(1_000_000_000, 0)], 0);
+    let before = lstat(&p);
+    assert_eq!(before.st_mtime, 1_000_000_000);
+    let start = now_secs();
+    let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            10,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(addr, libc::MAP_FAILED, "a write-only fd was mapped");
+    assert_eq!(
+        io::Error::last_os_error().raw_os_error(),
+        Some(libc::EACCES)
+    );
+    f.write_all(b"abc").unwrap();
+    drop(f);
+    let after = lstat(&p);
+    let src = lstat(&m.src.join("appended"));
+    assert!(src.st_mtime >= start, "SRC's mtime {}", src.st_mtime);
+    assert_eq!(
+        (
+            after.st_size,
+            after.st_mtime,
+            after.st_mtime_nsec,
+            after.st_ctime,
+            after.st_ctime_nsec
+        ),
+        (
+            src.st_size,
+            src.st_mtime,
+            src.st_mtime_nsec,
+            src.st_ctime,
+            src.st_ctime_nsec
+        ),
+        "size and times through MNT vs SRC after a write-only handle's close"
+    );
+    assert_eq!(after.st_size, 13);
+    assert_eq!(fs::read(&p).unwrap(), b"0123456789abc");
 }
 
 fn setattr_times(args: &[&str]) {
