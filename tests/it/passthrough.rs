@@ -753,6 +753,8 @@ fn write_only_close_shows_new_size_and_times(args: &[&str]) {
     assert_eq!(before.st_mtime, 1_000_000_000);
     let start = now_secs();
     let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+    // SAFETY: a request for a new mapping of a valid fd; the kernel refuses it (asserted),
+    // and a mapping it made would never be used.
     let addr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
