@@ -21,14 +21,20 @@
 //!    entry and the name it was last looked up, created or renamed under (all through this
 //!    mount, so the table sees every change of it), and, where the daemon has
 //!    CAP_DAC_READ_SEARCH (root) and SRC's filesystem supports it, a kernel file handle
-//!    taken from the fd before it is given back, reopened with `open_by_handle_at` as
-//!    virtiofsd does. A reopen through the parent and name is accepted only if the fd's
-//!    `(st_dev, st_ino)` and type are the entry's; otherwise, or if the name is gone, the
-//!    reopen fails with ESTALE, which is right only when the object is gone. Two cases keep
-//!    that true: a rename through the mount re-points the moved object's origin, and when
-//!    the origin name of an object with other links is unlinked or renamed over, the entry
-//!    keeps its fd (it is never given back) until a lookup under another name gives it a
-//!    new origin. The root's fd is never given back.
+//!    taken from the fd before it is given back, opened with `open_by_handle_at` as
+//!    virtiofsd does. A directory is reopened by its handle first, anything else by parent
+//!    and name first, each way the other's fallback: a non-directory decoded from a handle
+//!    while its dentry is not cached (memory pressure reclaims them) is disconnected, an
+//!    fd without a path, and the gate needs the path (issue 28); the kernel connects a
+//!    decoded directory. A reopen through the parent and name is accepted only if the
+//!    fd's `(st_dev, st_ino)` and type are the entry's and, where the entry has a file
+//!    handle, the fd's handle is the same (the same generation: not a new object under a
+//!    reused number). If neither way finds the object the reopen fails with ESTALE, which
+//!    is right only when the object is gone. By parent and name alone (no file handles),
+//!    two cases keep that true: a rename through the mount re-points the moved object's
+//!    origin, and when the origin name of an object with other links is unlinked or
+//!    renamed over, the entry keeps its fd (it is never given back) until a lookup under
+//!    another name gives it a new origin. The root's fd is never given back.
 //! 5. The cached O_PATH fds are bounded by a budget: half the soft RLIMIT_NOFILE minus a
 //!    reserve, leaving the rest to open handles, the store, the transcript and the FUSE
 //!    channels. Over budget, the least recently used fds of idle entries (no open handle,
@@ -825,42 +831,112 @@ impl Shared {
         Err(errno(libc::ESTALE))
     }
 
-    /// Opens `inode`'s object again from its origin (invariant 4). No lock is held.
+    /// Opens `inode`'s object again from its origin (invariant 4), two ways, each the other's
+    /// fallback. No lock is held.
+    ///
+    /// - A directory by file handle first: the kernel connects a decoded directory up to
+    ///   its filesystem's root (exportfs `reconnect_path`) or fails the decode, so its fd
+    ///   has a path; the decode fails with ESTALE also for a live directory when that
+    ///   reconnection loses a race with a rename, hence the fallback.
+    /// - Anything else by parent and name first: decoded from its handle while its dentry
+    ///   is not cached (the kernel reclaims unused dentries under memory pressure, as
+    ///   `drop_caches` does), it is a *disconnected* dentry, an object without a path
+    ///   (`/proc/self/fd` reads "/"). The gate names what it backs up by that path, so a
+    ///   write open through such an fd failed with ESTALE (issue 28). The handle remains
+    ///   the fallback for an object the name no longer leads to (renamed or its origin
+    ///   name removed behind the table's back): reads and attributes still work there.
+    ///
+    /// ESTALE only when neither way finds the object and neither failed otherwise: gone.
     fn reopen(&self, inode: &Inode) -> io::Result<OwnedFd> {
         self.cache.reopens.fetch_add(1, Ordering::Relaxed);
         let (parent, name, handle) = {
             let o = lock(&inode.origin);
             (o.parent.clone(), o.name.clone(), o.handle.clone())
         };
-        if let (Some(handle), Some(mount_fd)) = (handle, &self.mount_fd) {
-            match self.retry_on_emfile(|| handle.open(mount_fd.as_fd(), libc::O_PATH)) {
-                Ok(fd) => return Self::verified(inode, fd),
-                // The handle is the object's identity: ESTALE means it is gone.
-                Err(e) if e.raw_os_error() == Some(libc::ESTALE) => return Err(e),
-                Err(e) => {
-                    if !self.cache.warned_handle.swap(true, Ordering::Relaxed) {
-                        warn!(
-                            "open_by_handle_at failed ({e}); reopening by parent and name \
-                             instead (logged once)"
-                        );
-                    }
+        let by_name = || match &parent {
+            Some(parent) => self.reopen_by_name(inode, parent, &name, handle.as_ref()),
+            None => Err(errno(libc::ESTALE)),
+        };
+        let by_handle = || match &handle {
+            Some(handle) => self.reopen_by_handle(inode, handle),
+            None => Err(errno(libc::ESTALE)),
+        };
+        let ways: [&dyn Fn() -> io::Result<OwnedFd>; 2] = if inode.is_dir() {
+            [&by_handle, &by_name]
+        } else {
+            [&by_name, &by_handle]
+        };
+        let first_err = match ways[0]() {
+            Ok(fd) => return Ok(fd),
+            Err(e) => e,
+        };
+        ways[1]().map_err(|e| {
+            // A real failure says more than "gone", which only both ways together prove.
+            let e = if e.raw_os_error() == Some(libc::ESTALE) {
+                first_err
+            } else {
+                e
+            };
+            log::debug!(
+                "inode {} ({:?} in inode {}): cannot reopen: {e}",
+                inode.ino,
+                name,
+                parent.as_ref().map_or(0, |p| p.ino)
+            );
+            e
+        })
+    }
+
+    /// `open_by_handle_at` of `handle`, checked to be `inode`'s object. ESTALE: the handle's
+    /// object is gone (or, for a directory, could not be reconnected).
+    fn reopen_by_handle(&self, inode: &Inode, handle: &FileId) -> io::Result<OwnedFd> {
+        let mount_fd = self.mount_fd.as_ref().ok_or_else(|| errno(libc::ESTALE))?;
+        match self.retry_on_emfile(|| handle.open(mount_fd.as_fd(), libc::O_PATH)) {
+            Ok(fd) => Self::verified(inode, fd),
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => Err(e),
+            Err(e) => {
+                if !self.cache.warned_handle.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        "open_by_handle_at failed ({e}); reopening by parent and name \
+                         instead (logged once)"
+                    );
                 }
+                Err(e)
             }
         }
-        let Some(parent) = parent else {
-            return Err(errno(libc::ESTALE));
-        };
+    }
+
+    /// `name` in `parent` (the origin), accepted only if it is still `inode`'s object: the
+    /// same `(st_dev, st_ino)` and type and, where the entry has a file handle, the same
+    /// handle, which holds the object's generation (ext4: `FILEID_INO32_GEN`), so a new
+    /// object that reused the inode number under that name is refused. ESTALE otherwise.
+    fn reopen_by_name(
+        &self,
+        inode: &Inode,
+        parent: &Arc<Inode>,
+        name: &CStr,
+        handle: Option<&FileId>,
+    ) -> io::Result<OwnedFd> {
         // Prefer the table's entry for the parent: a forgotten parent entry held only by
         // this origin would miss renames made since (the table's entry sees them).
-        let parent = self.current(parent.key, parent.file_type).unwrap_or(parent);
+        let parent = self
+            .current(parent.key, parent.file_type)
+            .unwrap_or_else(|| parent.clone());
         let dir = parent.fd()?;
         let fd = self
-            .retry_on_emfile(|| sys::openat(dir.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0))
+            .retry_on_emfile(|| sys::openat(dir.as_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0))
             .map_err(|e| match e.raw_os_error() {
                 Some(libc::ENOENT) | Some(libc::ENOTDIR) => errno(libc::ESTALE),
                 _ => e,
             })?;
-        Self::verified(inode, fd)
+        drop(dir);
+        let fd = Self::verified(inode, fd)?;
+        if let Some(handle) = handle
+            && FileId::of(fd.as_fd()).ok().as_ref() != Some(handle)
+        {
+            return Err(errno(libc::ESTALE));
+        }
+        Ok(fd)
     }
 
     /// `fd` if it is `inode`'s object, ESTALE if the name now holds another one.
@@ -989,5 +1065,95 @@ impl Shared {
             }
             r => r,
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the tests build and rename a scratch tree of their own, not SRC, and drop caches"
+)]
+mod tests {
+    use super::*;
+
+    /// A table on a fresh directory holding `d/f`, with entries for `d` and `d/f`; `None`
+    /// (the test is skipped) unless file handles work there (root, a filesystem that
+    /// exports them).
+    fn table_with_file() -> Option<(tempfile::TempDir, InodeTable, Arc<Inode>, Arc<Inode>)> {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("d/f"), b"f\n").unwrap();
+        let root_fd = std::fs::File::open(tmp.path()).unwrap().into();
+        let table = InodeTable::new(root_fd).unwrap();
+        if !table.exports() {
+            eprintln!("skipped: no file handles here (needs root and e.g. ext4)");
+            return None;
+        }
+        let root = table.get(ROOT_INO).unwrap();
+        let look = |parent: &Arc<Inode>, name: &CStr| {
+            let dir = parent.fd().unwrap();
+            let fd = sys::openat(dir.as_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
+            let st = sys::fstat(fd.as_fd()).unwrap();
+            table.lookup_or_insert(fd, &st, parent, name)
+        };
+        let d = look(&root, c"d");
+        let f = look(&d, c"f");
+        Some((tmp, table, d, f))
+    }
+
+    fn path_of(inode: &Inode) -> String {
+        let path = sys::fd_path(inode.fd().unwrap().as_raw_fd())
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&path).into_owned()
+    }
+
+    #[test]
+    fn a_given_back_file_reopens_with_its_path_after_the_kernel_reclaims_its_dentry() {
+        let Some((tmp, table, d, f)) = table_with_file() else {
+            return;
+        };
+        let tmp = tmp.path().canonicalize().unwrap();
+        table.shared.give_back_one(&f);
+        table.shared.give_back_one(&d);
+        // Nothing holds the dentries of `d` and `d/f` now: this reclaims them.
+        std::fs::write("/proc/sys/vm/drop_caches", "2\n").unwrap();
+        // Decoded from its handle the file would be disconnected: its path would read "/".
+        assert_eq!(path_of(&f), tmp.join("d/f").to_string_lossy());
+        assert_eq!(path_of(&d), tmp.join("d").to_string_lossy());
+        assert!(table.fd_stats().reopens >= 2);
+    }
+
+    #[test]
+    fn a_file_renamed_behind_the_table_is_reopened_by_its_handle() {
+        let Some((tmp, table, _d, f)) = table_with_file() else {
+            return;
+        };
+        table.shared.give_back_one(&f);
+        std::fs::rename(tmp.path().join("d/f"), tmp.path().join("d/g")).unwrap();
+        let st = sys::fstat(f.fd().unwrap().as_fd()).unwrap();
+        assert_eq!(ObjectKey::of(&st), f.key);
+    }
+
+    #[test]
+    fn the_origin_name_is_refused_for_an_object_of_another_generation() {
+        let Some((_tmp, table, _d, f)) = table_with_file() else {
+            return;
+        };
+        table.shared.give_back_one(&f);
+        let Some((ino, generation)) = lock(&f.origin).handle.as_ref().and_then(FileId::ino32_gen)
+        else {
+            eprintln!("skipped: not a FILEID_INO32_GEN filesystem");
+            return;
+        };
+        // As if the file had been deleted and its number reused by a new one under the same
+        // name: same (st_dev, st_ino) and type by name, another generation. Both ways must
+        // refuse it (by name the handles differ; by handle the filesystem says stale).
+        lock(&f.origin).handle = Some(FileId::ino32_gen_handle(ino, generation.wrapping_add(1)));
+        let e = f.fd().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+        // With the right handle the same name is accepted again.
+        lock(&f.origin).handle = Some(FileId::ino32_gen_handle(ino, generation));
+        f.fd().unwrap();
     }
 }

@@ -251,8 +251,9 @@ pub fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: i32, mode: u32) -> io
 
 /// A kernel file handle (`struct file_handle`): names an object on its filesystem
 /// independently of any path, as NFS servers and virtiofsd use it. Stored as u32 words so
-/// the header (`handle_bytes`, `handle_type`) is suitably aligned.
-#[derive(Clone)]
+/// the header (`handle_bytes`, `handle_type`) is suitably aligned. Equal handles name the
+/// same object (the same inode and generation).
+#[derive(Clone, PartialEq, Eq)]
 pub struct FileId {
     words: Box<[u32]>,
 }
