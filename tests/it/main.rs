@@ -25,6 +25,7 @@ mod golden;
 mod layers;
 mod leaving;
 mod manuals;
+mod memory_pressure;
 mod messages;
 mod mount_cli;
 mod mount_options;

@@ -90,6 +90,11 @@ impl TestMount {
         self.env.push((key.to_string(), value.to_string()));
     }
 
+    /// Removes `key` from the environment [`TestMount::set_env`] gives later `mount`s.
+    pub fn unset_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
+    }
+
     /// Replaces the extra `mount` arguments for later `mount`s (e.g. a remount with other
     /// flags).
     pub fn set_args(&mut self, args: &[&str]) {
