@@ -1,13 +1,15 @@
 //! The command line: the clap definitions and the dispatch to the code that does the work:
 //! `mount` is prepared ([`crate::mount::prepare`]), then starts the daemon
 //! ([`crate::mount::spawn`]);
-//! `umount` is [`crate::mount::unmount`]; the other subcommands are [`crate::cli::commands`],
+//! `umount` is [`crate::mount::unmount`]; `hook` is [`crate::cli::hook`] over
+//! [`crate::mount::hook`]; the other subcommands are [`crate::cli::commands`],
 //! [`crate::cli::install_hook`] and [`crate::cli::manuals`].
 //!
 //! Exit status: 0 success, 1 runtime failure, 2 usage error or refusal; `umount` has a few
 //! more (see [`crate::cli::exit_status::UMOUNT_EXIT_STATUS`]).
 pub mod commands;
 pub mod exit_status;
+pub mod hook;
 pub mod install_hook;
 #[allow(
     clippy::disallowed_methods,
@@ -127,6 +129,37 @@ pub enum Command {
         the hook does nothing, so a user-level hook is harmless."
     )]
     InstallHook(InstallHookArgs),
+    /// The checkpoint-per-prompt hook itself, as an agent runs it (JSON on stdin)
+    #[command(
+        long_about = "The checkpoint-per-prompt hook itself, as an agent runs it: reads the \
+        agent's hook JSON on stdin, finds the checkpointfs mount holding its \"cwd\", \
+        registers the session there and takes a checkpoint named \
+        cc-<UTC yyyymmddTHHMMSSZ>-<session>-<NNNN> (gc-... for gemini). \
+        mount-scripts/claude-code-hook and gemini-cli-hook run it; install-hook installs \
+        them.\n\n\
+        It never fails the prompt: it exits 0 whatever happens, bounds every access to the \
+        mount to 5 s, and notes problems on stderr; for gemini it prints exactly one JSON \
+        object on stdout ({} or {\"systemMessage\": ...}). `checkpointfs hook AGENT --help` \
+        tells more.",
+        disable_help_flag = true,
+        disable_version_flag = true
+    )]
+    Hook(HookArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HookArgs {
+    /// The agent: claude or gemini
+    #[arg(value_name = "AGENT", allow_hyphen_values = true)]
+    pub agent: Option<OsString>,
+
+    /// Ignored, with a note (a hook never fails the prompt); --help prints the hook's usage
+    #[arg(
+        value_name = "ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub rest: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -497,10 +530,10 @@ where
             return e.exit_code();
         }
     };
-    if !matches!(cli.command, Command::Mount(_)) {
+    if !matches!(cli.command, Command::Mount(_) | Command::Hook(_)) {
         // Report commands print to stdout: `checkpointfs log | head` must end quietly, as
         // other tools do, not panic in println!. Not for `mount`: the daemon it starts
-        // writes to sockets and must get EPIPE, not die.
+        // writes to sockets and must get EPIPE, not die; nor for `hook`, which must exit 0.
         // SAFETY: signal(2) with SIG_DFL; called before any thread is started.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -532,6 +565,7 @@ where
         Command::Man(a) => manuals::man(Cli::command(), a.dir.as_deref()),
         Command::Gc(a) => gc(a),
         Command::InstallHook(a) => install_hook(a),
+        Command::Hook(a) => hook::run(a.agent.as_ref(), &a.rest),
     }
 }
 

@@ -51,7 +51,7 @@ mod migrate;
 pub mod model;
 mod open;
 mod open_files;
-mod process;
+pub(crate) mod process;
 pub mod quote;
 pub mod settings;
 pub mod status;

@@ -52,7 +52,7 @@ const MAX_DEPTH: usize = 64;
 
 /// `(ppid, start time)` of `pid` from `/proc/<pid>/stat` (fields 4 and 22, after the
 /// parenthesised comm, which may itself contain spaces and parentheses).
-fn parent_and_start(pid: u32) -> Option<(u32, u64)> {
+pub(crate) fn parent_and_start(pid: u32) -> Option<(u32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&stat)
 }

@@ -1,4 +1,5 @@
-//! Mounting and serving: checking a mount request before anything is mounted
+//! Mounting and serving, and the agents' prompt hook that checkpoints a mount ([`hook`]):
+//! checking a mount request before anything is mounted
 //! ([`prepare`], [`validation`], [`options`], [`mountinfo`]), starting the daemon ([`spawn`],
 //! [`fusermount`] for a normal user), the daemon itself ([`daemon`]) with its
 //! [`control_socket`] and [`watchdog`], the record of mounts ([`registry`]), and
@@ -10,6 +11,7 @@
 pub mod control_socket;
 pub mod daemon;
 pub mod fusermount;
+pub mod hook;
 pub mod mountinfo;
 pub mod options;
 pub mod prepare;

@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 /// The filesystem type of a checkpointfs mount in /proc/self/mountinfo.
@@ -92,6 +92,25 @@ pub fn is_checkpointfs_mount(entry: &MountEntry) -> bool {
             && entry.source == "checkpointfs")
 }
 
+/// The innermost mount holding the absolute, resolved path `dir`: the entry with the longest
+/// mount point that is `dir` or one of its parents (by whole path components; the last such
+/// line, the mount on top, among equal ones). Compared as bytes, with no resolution: give it
+/// a canonical path.
+pub fn innermost_mount<'a>(entries: &'a [MountEntry], dir: &Path) -> Option<&'a MountEntry> {
+    let dir = dir.as_os_str().as_bytes();
+    let mut best: Option<&MountEntry> = None;
+    for e in entries {
+        let mp = e.mount_point.as_os_str().as_bytes();
+        let holds = mp == b"/"
+            || dir == mp
+            || (dir.len() > mp.len() && dir.starts_with(mp) && dir[mp.len()] == b'/');
+        if holds && best.is_none_or(|b| mp.len() >= b.mount_point.as_os_str().len()) {
+            best = Some(e);
+        }
+    }
+    best
+}
+
 /// The topmost mount at `mount_point`, if any.
 pub fn find_mount(mount_point: &Path) -> io::Result<Option<MountEntry>> {
     let text = fs::read("/proc/self/mountinfo")?;
@@ -104,6 +123,22 @@ pub fn find_mount(mount_point: &Path) -> io::Result<Option<MountEntry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_innermost_mount_holding_a_path_is_found_by_whole_components() {
+        let text = b"1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                     2 1 0:50 / /tmp/m rw - fuse.checkpointfs /src rw,user_id=0\n\
+                     3 2 0:51 / /tmp/m/in rw - tmpfs tmpfs rw\n\
+                     4 1 0:52 / /tmp/m rw - fuse.checkpointfs /src2 rw,user_id=0\n";
+        let m = parse_mountinfo(text);
+        let at = |p: &str| innermost_mount(&m, Path::new(p)).map(|e| e.source.clone());
+        assert_eq!(at("/tmp/m"), Some("/src2".into()), "the mount on top wins");
+        assert_eq!(at("/tmp/m/a/b"), Some("/src2".into()));
+        assert_eq!(at("/tmp/m/in/x"), Some("tmpfs".into()));
+        assert_eq!(at("/tmp/mm"), Some("/dev/sda1".into()), "not a path prefix");
+        assert_eq!(at("/"), Some("/dev/sda1".into()));
+        assert_eq!(innermost_mount(&[], Path::new("/x")), None);
+    }
 
     #[test]
     fn parses_mountinfo() {

@@ -48,6 +48,28 @@ pub fn write_file(dir: &Path, name: &str, contents: &[u8]) -> io::Result<()> {
     crate::state::atomic::write(dir, name, contents, FILE_MODE)
 }
 
+/// The directory of a state dir where the agents' prompt hooks keep their per-session
+/// counters (`crate::mount::hook`).
+pub const HOOKS_DIR: &str = "hooks";
+
+/// `STATE/hooks`, created (mode 0700, rule 2) if missing. Fails when `state_dir` is not a
+/// directory or cannot be written (a hook run by another user than the daemon's).
+pub fn hooks_dir(state_dir: &Path) -> io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !state_dir.is_dir() {
+        return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+    }
+    let dir = state_dir.join(HOOKS_DIR);
+    if !dir.is_dir() {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .or_else(|e| if dir.is_dir() { Ok(()) } else { Err(e) })
+            .map_err(|e| crate::sys::context(format!("cannot create {}", dir.display()), e))?;
+    }
+    Ok(dir)
+}
+
 /// The mode of every file the daemon keeps in a state dir (rule 2).
 pub const FILE_MODE: u32 = 0o600;
 

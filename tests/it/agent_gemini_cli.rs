@@ -772,10 +772,11 @@ fn the_gemini_hook_checkpoints_each_prompt_and_keeps_the_stdout_contract() {
         &[
             "bash",
             "-c",
-            "printf '%s' \"$1\" | \"$2\"",
+            "printf '%s' \"$1\" | CHECKPOINTFS=\"$3\" \"$2\"",
             "bash",
             &input,
             copy.path().join("gemini-cli-hook").to_str().unwrap(),
+            common::BIN,
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));

@@ -22,6 +22,7 @@ mod file_handles;
 mod fuzz;
 mod gc;
 mod golden;
+mod hook;
 mod layers;
 mod leaving;
 mod manuals;
