@@ -31,11 +31,13 @@ pub(crate) fn init_logger() {
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     // A log file (the detached daemon's STATE/daemon.log) gets whole lines; a terminal keeps
     // env_logger's own (coloured) stderr.
-    if !io::stderr().is_terminal()
-        && let Ok(fd) = io::stderr().as_fd().try_clone_to_owned()
-    {
+    //
+    // The writer is fd 2 itself, looked up at each record, never a duplicate of it: the
+    // watchdog closes every descriptor from 3 up once the logger is set up, and a duplicate
+    // would be among them (its abort message would be lost).
+    if !io::stderr().is_terminal() {
         builder.target(env_logger::Target::Pipe(Box::new(LogLines::new(
-            fs::File::from(fd),
+            io::stderr(),
         ))));
     }
     let _ = builder.try_init();
@@ -46,14 +48,14 @@ pub(crate) fn init_logger() {
 /// write cut short by a full disk is taken back (the file is truncated to where the record
 /// began), so the log never holds half a line; the next record that fits says how many were
 /// lost.
-struct LogLines {
-    file: fs::File,
+struct LogLines<W: Write + AsFd> {
+    file: W,
     pending: Vec<u8>,
     lost: u64,
 }
 
-impl LogLines {
-    fn new(file: fs::File) -> LogLines {
+impl<W: Write + AsFd> LogLines<W> {
+    fn new(file: W) -> LogLines<W> {
         LogLines {
             file,
             pending: Vec::new(),
@@ -80,10 +82,13 @@ impl LogLines {
             Ok(n) => {
                 // Part of the record went in: take it back (the file is opened O_APPEND and
                 // only this process's logger, under env_logger's lock, writes to it).
-                if let Ok(meta) = self.file.metadata()
-                    && meta.is_file()
-                {
-                    let _ = self.file.set_len(meta.len().saturating_sub(n as u64));
+                if let Ok(fd) = self.file.as_fd().try_clone_to_owned() {
+                    let file = fs::File::from(fd);
+                    if let Ok(meta) = file.metadata()
+                        && meta.is_file()
+                    {
+                        let _ = file.set_len(meta.len().saturating_sub(n as u64));
+                    }
                 }
                 self.lost += 1;
             }
@@ -92,7 +97,7 @@ impl LogLines {
     }
 }
 
-impl Write for LogLines {
+impl<W: Write + AsFd> Write for LogLines<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.pending.extend_from_slice(buf);
         Ok(buf.len())

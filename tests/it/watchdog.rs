@@ -130,10 +130,13 @@ fn stopped_daemon_leaves_callers_killable_and_released_within_the_bound() {
     assert!(!status.success());
     eprintln!("SIGKILLed cat reaped after {:?}", killed_at.elapsed());
 
-    // A caller that just waits: released by the watchdog's abort, with an error.
+    // A caller that just waits: released by the watchdog's abort, with an error. A name
+    // never looked up, so its LOOKUP must reach the daemon (x's attributes may be answered
+    // from the kernel's cache: a write-only handle's close sends no FLUSH, so nothing
+    // invalidated them).
     let mut stat = Reaped(
         Command::new("stat")
-            .arg(m.mnt.join("x"))
+            .arg(m.mnt.join("never-looked-up"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
