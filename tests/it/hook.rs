@@ -198,20 +198,29 @@ fn a_stopped_daemon_holds_the_prompt_no_longer_than_the_bound() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let cont = Cont(pid);
     let elsewhere = tempfile::tempdir().unwrap();
-    let r = agent_runs(
-        "bash",
-        &hook_command("gemini"),
-        &input(SESSION, &m.mnt),
-        elsewhere.path(),
-        "",
-    );
-    let r2 = agent_runs(
-        "sh",
-        &hook_command("claude"),
-        &input(SESSION, &m.mnt),
-        elsewhere.path(),
-        "",
-    );
+    // Both at once: each must give up within its own bound, well before the watchdog's
+    // abort of the stopped daemon (10 s), which would answer the second one otherwise.
+    let (r, r2) = std::thread::scope(|s| {
+        let gemini = s.spawn(|| {
+            agent_runs(
+                "bash",
+                &hook_command("gemini"),
+                &input(SESSION, &m.mnt),
+                elsewhere.path(),
+                "",
+            )
+        });
+        let claude = s.spawn(|| {
+            agent_runs(
+                "sh",
+                &hook_command("claude"),
+                &input(SESSION, &m.mnt),
+                elsewhere.path(),
+                "",
+            )
+        });
+        (gemini.join().unwrap(), claude.join().unwrap())
+    });
     drop(cont);
     for r in [&r, &r2] {
         assert_eq!(r.status, 0, "{}", r.stderr);
