@@ -847,7 +847,7 @@ impl<'a> Changer<'a> {
                 // root without following symlinks; each name is removed as any other step.
                 let mut names = Vec::new();
                 if let Some(fd) = self.history.open_existing(rel)? {
-                    let mut stream = sys::DirStream::open(fd.as_fd())?;
+                    let mut stream = sys::DirStream::open(fd.as_fd(), true)?;
                     while let Some(e) = stream.next_entry()? {
                         if e.name != b"." && e.name != b".." {
                             names.push((String::from_utf8_lossy(e.name).into_owned(), e.d_type));

@@ -51,7 +51,11 @@ pub struct FsConfig {
 pub struct MountFacts {
     /// The options as a `-o` list (`rw,nodev,nosuid,exec,atime`), for `status`.
     pub list: String,
-    /// Made read-only (`-o ro`).
+    /// Made read-only (`-o ro`). The daemon's own reads then never update an access time
+    /// in SRC: it opens SRC from a clone of its mount with `noatime` where it may
+    /// (`mount::options::MountOptions::source_view_change`), and asks for O_NOATIME on the
+    /// files and directories it opens for the kernel in any case, which covers its own files
+    /// without that privilege.
     pub read_only: bool,
     /// `strictatime`: every read must update atime in SRC, so what the daemon reads for
     /// the kernel is not kept in the page cache across opens.
@@ -80,6 +84,20 @@ pub struct Opened {
     /// and writing), so the kernel's cached attributes can be dropped before close returns
     /// (see [`PassthroughFs::flush`]). Any other handle closes without a round trip.
     pub flush_on_close: bool,
+}
+
+/// An opened directory. `cache_listing`: the kernel may keep the listing it reads through this
+/// handle (FOPEN_CACHE_DIR) and keep it across opens (FOPEN_KEEP_CACHE), so a second `ls`,
+/// `git status` or `find` of an unchanged directory sends no READDIR. That is sound because
+/// the kernel drops the cached listing itself whenever the directory changes through the
+/// mount (every create, unlink, rename, link bumps the directory's i_version), and the
+/// daemon's own changes to SRC (rewinds) invalidate the directory's inode with its pages,
+/// where the listing lives ([`PassthroughFs::kernel_forget_inode`]). A change made to SRC
+/// behind the mount's back shows once the kernel forgets the directory, as names already do
+/// (entries live for [`TTL`]).
+pub struct OpenedDir {
+    pub fh: u64,
+    pub cache_listing: bool,
 }
 
 /// Registers an open file as the kernel's backing file for passthrough (the adapter's
@@ -152,21 +170,6 @@ fn note_notify_error(result: io::Result<()>) {
     }
 }
 
-/// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
-/// needs (FUSE_DEV_IOC_BACKING_OPEN checks it). Read from `/proc/self/status`; if that
-/// cannot be read, assume it does and let the first open find out.
-fn has_cap_sys_admin() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return true;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
-}
-
 impl PassthroughFs {
     /// The core over SRC's root fd `root` (O_PATH), recording into `history`. Kernel
     /// passthrough is on only if `cfg.passthrough` and the daemon has CAP_SYS_ADMIN.
@@ -187,7 +190,7 @@ impl PassthroughFs {
         let passthrough = if !cfg.passthrough {
             let _ = passthrough_off.set("switched off with --no-passthrough".to_string());
             false
-        } else if !has_cap_sys_admin() {
+        } else if !sys::has_cap_sys_admin() {
             // SAFETY: geteuid has no preconditions.
             let uid = unsafe { libc::geteuid() };
             let why = format!(
@@ -720,7 +723,8 @@ impl PassthroughFs {
                 .retry_on_emfile(|| permit.open_for_writing(own))?;
             (HandleFd::Writable(fd), permit.touches_rules())
         } else {
-            let fd = retry(&|| sys::reopen_readonly_like(path.as_raw_fd(), own))?;
+            let noatime = self.mount_options.read_only;
+            let fd = retry(&|| sys::reopen_readonly_like(path.as_raw_fd(), own, noatime))?;
             (HandleFd::ReadOnly(fd), false)
         };
         drop(path);
@@ -1061,22 +1065,33 @@ impl PassthroughFs {
     // ---- directories ------------------------------------------------------------------------
 
     /// OPENDIR: a directory handle with its own stream. No change.
-    pub fn opendir(&self, ino: u64) -> io::Result<u64> {
+    pub fn opendir(&self, ino: u64) -> io::Result<OpenedDir> {
         if virt::is_virtual(ino) {
-            return self.virt.opendir(self, ino);
+            // The control directories change with every checkpoint without the kernel
+            // seeing it, and views are snapshots the daemon builds at each open: neither is
+            // cached (see `virt`'s TTLs).
+            let fh = self.virt.opendir(self, ino)?;
+            return Ok(OpenedDir {
+                fh,
+                cache_listing: false,
+            });
         }
         let inode = self.inode(ino)?;
         let pin = inode.pin();
         let path = inode.fd()?;
         let stream = self
             .inodes
-            .retry_on_emfile(|| sys::DirStream::open(path.as_fd()))?;
+            .retry_on_emfile(|| sys::DirStream::open(path.as_fd(), self.mount_options.read_only))?;
         drop(path);
-        Ok(self.handles.insert(Handle::Dir(DirHandle {
+        let fh = self.handles.insert(Handle::Dir(DirHandle {
             inode,
             _pin: pin,
             stream: std::sync::Mutex::new(stream),
-        })))
+        }));
+        Ok(OpenedDir {
+            fh,
+            cache_listing: true,
+        })
     }
 
     /// Lists entries after `offset`. `emit` returns `true` when the reply is full; the entry

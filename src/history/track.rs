@@ -225,7 +225,7 @@ impl History {
             if sys::fstat(dir_fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
                 continue;
             }
-            let mut stream = sys::DirStream::open(dir_fd.as_fd())?;
+            let mut stream = sys::DirStream::open(dir_fd.as_fd(), true)?;
             let mut names = Vec::new();
             while let Some(entry) = stream.next_entry()? {
                 if entry.name != b"." && entry.name != b".." {

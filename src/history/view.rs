@@ -132,7 +132,7 @@ impl History {
         if let Ok(fd) = self.open_beneath(rel_s) {
             let dir_st = sys::fstat(fd.as_fd())?;
             if dir_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                let mut stream = sys::DirStream::open(fd.as_fd())?;
+                let mut stream = sys::DirStream::open(fd.as_fd(), true)?;
                 while let Some(e) = stream.next_entry()? {
                     if e.name == b"." || e.name == b".." {
                         continue;

@@ -174,6 +174,34 @@ impl MountOptions {
     /// rules, given the `statvfs` `f_flag` of SRC's mount; `None` when SRC's mount already
     /// does exactly that (then no clone is made).
     pub fn atime_change(&self, src_flags: libc::c_ulong) -> Option<AtimeChange> {
+        self.change_to(self.atime, src_flags)
+    }
+
+    /// What the daemon's own view of SRC must change: [`MountOptions::atime_change`], except
+    /// that on a read-only mount the daemon's accesses never update an access time, where it
+    /// may clone SRC's mount (`may_clone`: CAP_SYS_ADMIN). Nothing can change through a
+    /// read-only mount, yet every readdir and read of it is the daemon's own access to SRC,
+    /// under SRC's mount's rules (xfstests generic/003 saw a directory's atime move). Without
+    /// the capability the daemon asks for O_NOATIME where it opens for reading instead
+    /// (`fs::MountFacts::read_only`), which the kernel grants for the daemon's own files only.
+    pub fn source_view_change(
+        &self,
+        src_flags: libc::c_ulong,
+        may_clone: bool,
+    ) -> Option<AtimeChange> {
+        if self.read_only && may_clone {
+            let mut change = self.change_to(Atime::Never, src_flags);
+            // nodiratime means nothing once no atime moves.
+            if let Some(c) = change.as_mut() {
+                c.attr_set &= !libc::MOUNT_ATTR_NODIRATIME;
+            }
+            change.filter(|c| c.attr_set != 0 || c.attr_clr != 0)
+        } else {
+            self.atime_change(src_flags)
+        }
+    }
+
+    fn change_to(&self, atime: Atime, src_flags: libc::c_ulong) -> Option<AtimeChange> {
         let src_atime = if src_flags & libc::ST_NOATIME != 0 {
             Atime::Never
         } else if src_flags & libc::ST_RELATIME != 0 {
@@ -185,9 +213,9 @@ impl MountOptions {
             attr_set: 0,
             attr_clr: 0,
         };
-        if self.atime != Atime::Source && self.atime != src_atime {
+        if atime != Atime::Source && atime != src_atime {
             change.attr_clr |= libc::MOUNT_ATTR__ATIME;
-            change.attr_set |= match self.atime {
+            change.attr_set |= match atime {
                 Atime::Never => libc::MOUNT_ATTR_NOATIME,
                 Atime::Strict => libc::MOUNT_ATTR_STRICTATIME,
                 // MOUNT_ATTR_RELATIME is 0: clearing the atime bits selects it.
@@ -283,7 +311,7 @@ pub fn open_source_root(
 ) -> io::Result<(OwnedFd, Option<AtimeChange>)> {
     let c = CString::new(source.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let change = opts.atime_change(statvfs_flags(source)?);
+    let change = opts.source_view_change(statvfs_flags(source)?, crate::sys::has_cap_sys_admin());
     let Some(change) = change else {
         return Ok((crate::sys::open_source(source)?, None));
     };
@@ -344,6 +372,26 @@ pub fn open_source_root(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_only_mount_views_src_without_access_times_where_it_may_clone() {
+        let ro = MountOptions::parse(&["ro,nodiratime"]).unwrap();
+        let noatime = Some(AtimeChange {
+            attr_set: libc::MOUNT_ATTR_NOATIME,
+            attr_clr: libc::MOUNT_ATTR__ATIME,
+        });
+        assert_eq!(ro.source_view_change(libc::ST_RELATIME, true), noatime);
+        assert_eq!(ro.source_view_change(0, true), noatime);
+        assert_eq!(ro.source_view_change(libc::ST_NOATIME, true), None);
+        // Without CAP_SYS_ADMIN: what the options ask for, and no more (O_NOATIME instead).
+        assert_eq!(
+            ro.source_view_change(libc::ST_RELATIME, false),
+            ro.atime_change(libc::ST_RELATIME)
+        );
+        assert_eq!(ro.refusal_without_privilege(libc::ST_NODIRATIME), None);
+        let rw = MountOptions::default();
+        assert_eq!(rw.source_view_change(libc::ST_RELATIME, true), None);
+    }
 
     #[test]
     fn the_default_is_what_checkpointfs_always_did() {

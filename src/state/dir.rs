@@ -127,8 +127,8 @@ pub fn remove_leftover_temps(state_dir: &Path) -> io::Result<()> {
         return Ok(());
     }
     let mut names = Vec::new();
-    let mut stream =
-        crate::sys::DirStream::open(dir.as_fd()).map_err(|e| with_path(state_dir, "reading", e))?;
+    let mut stream = crate::sys::DirStream::open(dir.as_fd(), false)
+        .map_err(|e| with_path(state_dir, "reading", e))?;
     while let Some(entry) = stream
         .next_entry()
         .map_err(|e| with_path(state_dir, "reading", e))?

@@ -21,9 +21,15 @@ pub struct DirEntryRaw<'a> {
 }
 
 impl DirStream {
-    /// Opens a stream on directory `fd` (an O_PATH fd is fine: it is re-opened).
-    pub fn open(fd: BorrowedFd<'_>) -> io::Result<DirStream> {
-        let dirfd = openat(fd, DOT, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    /// Opens a stream on directory `fd` (an O_PATH fd is fine: it is re-opened); `noatime`:
+    /// with O_NOATIME where the kernel allows it ([`super::with_noatime`]).
+    pub fn open(fd: BorrowedFd<'_>, noatime: bool) -> io::Result<DirStream> {
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        let dirfd = if noatime {
+            super::with_noatime(flags, |flags| openat(fd, DOT, flags, 0))?
+        } else {
+            openat(fd, DOT, flags, 0)?
+        };
         let raw = std::os::fd::IntoRawFd::into_raw_fd(dirfd);
         // SAFETY: raw is a valid directory fd whose ownership passes to the DIR on success.
         let dir = unsafe { libc::fdopendir(raw) };

@@ -63,10 +63,28 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32) -> io::Re
 /// turn an O_PATH fd into a readable/writable one without knowing its path.
 ///
 /// Read-only flags only: an open that can write is [`crate::fs::gate::ObjectPermit::open_for_writing`].
-pub fn reopen_readonly_like(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+/// `noatime`: with O_NOATIME where the kernel allows it (see [`with_noatime`]).
+pub fn reopen_readonly_like(fd: RawFd, flags: i32, noatime: bool) -> io::Result<OwnedFd> {
     debug_assert_eq!(flags & (libc::O_CREAT | libc::O_TRUNC), 0);
     debug_assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);
-    proc_reopen(fd, flags)
+    if noatime {
+        with_noatime(flags, |flags| proc_reopen(fd, flags))
+    } else {
+        proc_reopen(fd, flags)
+    }
+}
+
+/// `open(flags | O_NOATIME)`, or `open(flags)` where the kernel refuses O_NOATIME (EPERM:
+/// not the file's owner and no CAP_FOWNER): reads then leave access times alone wherever
+/// that is allowed.
+pub(crate) fn with_noatime(
+    flags: i32,
+    open: impl Fn(i32) -> io::Result<OwnedFd>,
+) -> io::Result<OwnedFd> {
+    match open(flags | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(flags),
+        other => other,
+    }
 }
 
 /// Opens the file behind `fd` (O_PATH will do) for reading by the daemon itself (backups,
@@ -74,10 +92,7 @@ pub fn reopen_readonly_like(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
 /// the user's access times alone, where the kernel allows it (EPERM: not the file's owner and
 /// no CAP_FOWNER), else without.
 pub(crate) fn reopen_for_reading(fd: RawFd, extra: i32) -> io::Result<OwnedFd> {
-    match proc_reopen(fd, libc::O_RDONLY | libc::O_NOATIME | extra) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => proc_reopen(fd, libc::O_RDONLY | extra),
-        other => other,
-    }
+    with_noatime(libc::O_RDONLY | extra, |flags| proc_reopen(fd, flags))
 }
 
 /// Re-opens an O_PATH fd through its /proc link, for reading or O_PATH only (see

@@ -1,4 +1,5 @@
-//! Processes and this process's descriptors: pidfds, closing inherited descriptors.
+//! Processes and this process's descriptors and capabilities: pidfds, closing inherited
+//! descriptors, CAP_SYS_ADMIN.
 use std::os::fd::{FromRawFd, OwnedFd};
 
 /// `pidfd_open(2)`: a descriptor that becomes readable when process `pid` exits (`None` if
@@ -25,4 +26,19 @@ pub(crate) fn close_descriptors_from(first: u32) {
     // SAFETY: close_range(2) only closes descriptors; the caller owns every one from `first`
     // up and uses none of them afterwards.
     unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+}
+
+/// Whether this process has CAP_SYS_ADMIN in its effective set, which kernel passthrough
+/// (FUSE_DEV_IOC_BACKING_OPEN) and a private clone of SRC's mount (`open_tree`) need. Read from `/proc/self/status`; if that
+/// cannot be read, assume it does and let the first open find out.
+pub(crate) fn has_cap_sys_admin() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return true;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }

@@ -23,6 +23,7 @@ mod fuzz;
 mod gc;
 mod golden;
 mod hook;
+mod kernel_caches;
 mod layers;
 mod leaving;
 mod manuals;

@@ -211,6 +211,32 @@ fn noatime_leaves_atime_alone_where_the_default_updates_it() {
     assert!(m.daemon_log().contains("private clone of its mount"));
 }
 
+/// Issue 28 item 10: a read-only mount changes nothing in SRC, access times included. Every
+/// readdir and read through it is the daemon's own access to SRC, which SRC's relatime
+/// would stamp (xfstests generic/003 saw a directory's atime move once caches were cold).
+#[test]
+fn a_read_only_mount_moves_no_access_time_in_src() {
+    for args in [&["-o", "ro"][..], &["-o", "ro", "--no-passthrough"][..]] {
+        let mut m = TestMount::unmounted(args);
+        assert!(src_is_relatime(&m), "TMPDIR must be on a relatime mount");
+        let dir = m.src.join("dir");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("f"), "data\n").unwrap();
+        set_old_times(&dir.join("f"));
+        set_old_times(&dir);
+        m.mount();
+        // A fresh mount: the kernel has nothing cached, so both go to the daemon.
+        let names: Vec<_> = fs::read_dir(m.mnt.join("dir"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f"], "{args:?}");
+        assert_eq!(fs::read(m.mnt.join("dir/f")).unwrap(), b"data\n");
+        assert_eq!(atime(&dir), (1_000_000_000, 0), "{args:?}: directory");
+        assert_eq!(atime(&dir.join("f")), (1_000_000_000, 0), "{args:?}: file");
+    }
+}
+
 /// With an option SRC's own mount lacks (noatime here), SRC is served from a private clone
 /// of its mount, where the kernel spells paths from the clone's root: every change must
 /// still be tracked under its path in the tree (it once counted as "not in the tree" and
@@ -471,6 +497,10 @@ fn a_normal_user_mounts_ro_noexec_and_is_refused_what_needs_root() {
         assert!(!is_mount_point(&m.mnt));
         assert!(!m.state.join("daemon.pid").exists(), "-o {opts}: no daemon");
     }
+    // The user's own files keep their access times through a read-only mount, though
+    // without CAP_SYS_ADMIN the daemon cannot clone SRC's mount (O_NOATIME instead).
+    set_old_times(&m.src.join("s.sh"));
+    set_old_times(&m.src);
     // ro and noexec reach the mount through fusermount3 (only the user may enter it).
     m.mount_as(uid, gid);
     let sh = |script: &str| as_user((uid, gid), &["sh", "-c", script]);
@@ -492,6 +522,10 @@ fn a_normal_user_mounts_ro_noexec_and_is_refused_what_needs_root() {
         "{}",
         stderr(&out)
     );
+    let out = sh(&format!("ls {}", m.mnt.display()));
+    assert!(stdout(&out).contains("s.sh"), "{}", stderr(&out));
+    assert_eq!(atime(&m.src.join("s.sh")), (1_000_000_000, 0), "file");
+    assert_eq!(atime(&m.src), (1_000_000_000, 0), "directory");
     let status = cli_ok(&["status", "--state-dir", m.state.to_str().unwrap()]);
     assert!(
         status.contains("mount options:  ro,nodev,nosuid,noexec,atime"),
