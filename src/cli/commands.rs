@@ -662,7 +662,7 @@ fn id_range(ids: &[String]) -> String {
 }
 
 /// `4.2 MiB`: bytes in binary units, one decimal from KiB on.
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if n < 1024 {
         return format!("{n} B");

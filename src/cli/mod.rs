@@ -241,6 +241,14 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
 
+    /// What each user other than the owner and root may cost the owner's state dir on this
+    /// mount (--allow-other, --owner): CHECKPOINTS ctl lines (checkpoint ids, session
+    /// registrations) and SIZE bytes of backups and records (K, M, G suffixes). Past it,
+    /// their changes and ctl writes fail with EDQUOT and change nothing. Saved in the state
+    /// dir [default: 1000,8M]
+    #[arg(long, value_name = "CHECKPOINTS,SIZE")]
+    pub other_users_budget: Option<crate::history::budget::OthersBudget>,
+
     /// As root, mount for the normal user USER (a name or a uid), with kernel passthrough,
     /// which a user's own mount cannot have: only USER's processes may use the mount (the
     /// kernel checks), USER runs `checkpointfs log/diff/rewind/...` on it, and the state dir
@@ -737,6 +745,7 @@ fn mount(a: MountArgs) -> i32 {
         threads: a.threads,
         no_passthrough: a.no_passthrough,
         allow_other: a.allow_other,
+        other_users_budget: a.other_users_budget,
         durability: a.durability,
     };
     let cfg = match crate::mount::prepare::prepare(&request) {

@@ -392,6 +392,20 @@ impl StatusReport {
             };
             let _ = writeln!(out, "mount options:  {}{now}", io.mount_options);
         }
+        // Only once another user has used the mount: a private mount has nothing to say.
+        if let Some(others) = self.other_users.as_ref().filter(|o| !o.usage.is_empty()) {
+            for u in &others.usage {
+                let _ = writeln!(
+                    out,
+                    "other user:     uid {}: {} of {} ctl lines, {} of {} (--other-users-budget)",
+                    u.uid,
+                    u.ctl_lines,
+                    others.budget.ctl_lines,
+                    super::commands::human_bytes(u.state_bytes),
+                    super::commands::human_bytes(others.budget.bytes)
+                );
+            }
+        }
         self.exclusions_text(&mut out);
         out
     }

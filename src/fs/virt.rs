@@ -707,6 +707,15 @@ fn take_ctl(
         log::warn!("ctl: refused a write from {caller} (nothing taken): {id} exists");
         return Err(errno(libc::EEXIST));
     }
+    // Each line costs the owner's state dir a record: another user's are counted against
+    // their budget, and refused whole past it (`history::budget`).
+    if let Err(e) = history
+        .budgets()
+        .charge_ctl_lines(caller.uid, batch.lines.len() as u64)
+    {
+        log::debug!("ctl: refused a write from {caller} (nothing taken): over its budget");
+        return Err(e);
+    }
     st.pending = batch.rest;
     st.next = next;
     if at_close {

@@ -40,6 +40,7 @@
 //! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
 //! and never one inside the other.
 pub mod agent_state;
+pub mod budget;
 pub mod changes;
 mod checkpoint;
 pub mod epoch;
@@ -162,6 +163,8 @@ pub struct History {
     /// Where records go; `None` when the state dir was opened read-only (no daemon).
     recorder: Option<Recorder>,
     exclusions: Exclusions,
+    /// What users other than the owner may cost the state dir (see [`budget`]).
+    budgets: budget::Budgets,
     /// Shared by mutations, exclusive for checkpoints and gc (see [`epoch`]). Lock order:
     /// the control maintenance lock → `epoch` → `state` → (store, journal, transcript).
     epoch: std::sync::RwLock<()>,
@@ -191,6 +194,11 @@ impl History {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// What users other than the owner may cost the state dir; the daemon configures it.
+    pub fn budgets(&self) -> &budget::Budgets {
+        &self.budgets
     }
 
     pub fn exclusions(&self) -> &Exclusions {

@@ -149,6 +149,7 @@ fn assemble(
         sync_failing: Default::default(),
         recorder,
         exclusions,
+        budgets: Default::default(),
         epoch: std::sync::RwLock::new(()),
         state: Mutex::new(state),
         busy_cond: Condvar::new(),

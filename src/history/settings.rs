@@ -16,6 +16,9 @@ pub const SETTINGS_FILE: &str = "settings.json";
 pub struct Settings {
     #[serde(default)]
     pub exclusions: ExclusionConfig,
+    /// `--other-users-budget`, once given (absent: the default, see `budget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_users_budget: Option<crate::history::budget::OthersBudget>,
 }
 
 /// The settings saved in `state_dir`, `None` if there are none yet (a state dir made
@@ -61,6 +64,7 @@ mod tests {
                 exclude_from: Vec::new(),
                 respect_gitignore: true,
             },
+            other_users_budget: Some("10,1M".parse().unwrap()),
         };
         save(d.path(), &s).unwrap();
         assert_eq!(load(d.path()), Ok(Some(s)));

@@ -33,6 +33,10 @@ pub struct StatusReport {
     /// How reads and writes are served; known only when a daemon answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<IoMode>,
+    /// What users other than the owner may cost the state dir, and have; known only when a
+    /// daemon answers (see `history::budget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_users: Option<crate::history::budget::OtherUsers>,
     /// The answer for `--path`.
     pub path: Option<PathStatus>,
 }
@@ -258,6 +262,7 @@ impl History {
             pending_copies: self.pending_copies(),
             exclusions,
             io: None,
+            other_users: self.budgets().status(),
             path,
         })
     }

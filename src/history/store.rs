@@ -57,7 +57,7 @@ use std::ffi::{CStr, CString};
 use std::fs::{DirBuilder, File, OpenOptions, Permissions, TryLockError};
 use std::io::{self, Read, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -137,6 +137,15 @@ pub struct StoredObject {
     pub reused: bool,
     /// how the copy was made
     pub method: CopyMethod,
+}
+
+/// Charges the new bytes of a put to whoever pays on this thread (see `budget`): its content,
+/// or the blocks its source had allocated if fewer (holes are kept, invariant 5); nothing for
+/// an object that was there already or shares its extents with the source (reflink).
+fn charge_new_content(stored: &StoredObject, allocated: u64) {
+    if !stored.reused && stored.method != CopyMethod::Reflink {
+        crate::history::budget::charge(stored.size.min(allocated));
+    }
 }
 
 /// How the bytes of a put reached the store.
@@ -239,14 +248,32 @@ impl Store {
 
     /// `seen`: the size and 512-byte blocks of `src` if the caller knows them.
     fn put_file_seen(&self, src: &File, seen: Option<(u64, u64)>) -> io::Result<StoredObject> {
-        if let Some(data) = self.read_if_packable(src, seen)? {
-            return self.put_packed(&data);
-        }
-        self.put_file_impl(src, true)
+        // Budget (see `budget`): the blocks the copy can take, before it is made.
+        let (_, blocks) = match seen {
+            Some(seen) => seen,
+            None => {
+                let st = crate::sys::fstat(src.as_fd())?;
+                (0, u64::try_from(st.st_blocks).unwrap_or(0))
+            }
+        };
+        crate::history::budget::check_room(blocks * 512)?;
+        let stored = match self.read_if_packable(src, seen)? {
+            Some(data) => self.put_packed(&data)?,
+            None => self.put_file_impl(src, true)?,
+        };
+        charge_new_content(&stored, blocks * 512);
+        Ok(stored)
     }
 
     /// Stores `data`. Same atomicity and durability as [`Store::put_file`].
     pub fn put_bytes(&self, data: &[u8]) -> io::Result<StoredObject> {
+        crate::history::budget::check_room(data.len() as u64)?;
+        let stored = self.put_bytes_unbudgeted(data)?;
+        charge_new_content(&stored, data.len() as u64);
+        Ok(stored)
+    }
+
+    fn put_bytes_unbudgeted(&self, data: &[u8]) -> io::Result<StoredObject> {
         if self
             .pack_limit
             .is_some_and(|limit| data.len() as u64 <= limit)

@@ -100,6 +100,7 @@ impl History {
         // Layer 1 reads SRC and writes the store as the daemon, also in the middle of a
         // change made as another user (a rewind asked for by an `--owner`).
         let _daemon = FsCredsGuard::as_daemon();
+        let _payer = self.budgets.pay_as(caller.uid)?;
         let Some(rel) = rel_key(rel) else {
             warn!(
                 "not tracking a path that is not UTF-8: {:?}",
@@ -128,6 +129,7 @@ impl History {
         is_dir: Option<bool>,
     ) -> io::Result<()> {
         let _daemon = FsCredsGuard::as_daemon();
+        let _payer = self.budgets.pay_as(caller.uid)?;
         let Some(rel) = rel_key(rel) else {
             warn!(
                 "not tracking a path that is not UTF-8: {:?}",
@@ -155,6 +157,7 @@ impl History {
         is_dir: Option<bool>,
     ) -> io::Result<Option<LinkedObject<'_>>> {
         let _daemon = FsCredsGuard::as_daemon();
+        let _payer = self.budgets.pay_as(caller.uid)?;
         let Some(rel) = rel_key(rel) else {
             warn!(
                 "not tracking a path that is not UTF-8: {:?}",
@@ -182,6 +185,7 @@ impl History {
         replaces: bool,
     ) -> io::Result<Option<LinkedObject<'_>>> {
         let _daemon = FsCredsGuard::as_daemon();
+        let _payer = self.budgets.pay_as(caller.uid)?;
         let (Some(from), Some(to)) = (rel_key(from), rel_key(to)) else {
             warn!("not tracking a rename involving a non-UTF-8 path");
             return Ok(None);
@@ -514,7 +518,9 @@ impl History {
         // with the state unlocked.
         let rec = self.recorder()?;
         rec.signer.sign_record(&mut record);
-        rec.journal.append(&record, false)?;
+        let recorded = rec.journal.append(&record, false)?;
+        // The same line goes to the transcript as well.
+        super::budget::charge(2 * recorded);
         rec.transcript.append(record);
         Ok(self.sync_needed(fresh_content))
     }

@@ -15,6 +15,8 @@ pub struct DaemonConfig {
     /// processes use the mount, and the control socket is theirs.
     pub owner: Option<crate::sys::UserIds>,
     pub exclusions: crate::history::exclusions::ExclusionConfig,
+    /// `--other-users-budget` as given or saved; `None`: the default, not saved.
+    pub other_users_budget: Option<crate::history::budget::OthersBudget>,
     pub options: crate::mount::options::MountOptions,
     pub durability: crate::state::durability::Durability,
 }
@@ -97,8 +99,17 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         &cfg.state_dir,
         &crate::history::settings::Settings {
             exclusions: cfg.exclusions.clone(),
+            other_users_budget: cfg.other_users_budget,
         },
     )?;
+    // The owner: the `--owner` user, else whoever mounted (this daemon's user).
+    // SAFETY: geteuid has no preconditions.
+    let owner_uid = cfg
+        .owner
+        .map_or_else(|| unsafe { libc::geteuid() }, |o| o.uid);
+    let budget = cfg.other_users_budget.unwrap_or_default();
+    history.budgets().configure(owner_uid, budget);
+    info!("other users' budget: {budget} (ctl lines, state bytes; owner uid {owner_uid})");
     info!("exclusions: {}", history.exclusions().summary());
     let copier = {
         let h = history.clone();

@@ -9,6 +9,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::history::budget::OthersBudget;
 use crate::history::exclusions::{ExcludeFile, ExclusionConfig, check_glob};
 use crate::mount::daemon::DaemonConfig;
 use crate::mount::options::MountOptions;
@@ -42,6 +43,8 @@ pub struct MountRequest {
     pub threads: Option<usize>,
     pub no_passthrough: bool,
     pub allow_other: bool,
+    /// `--other-users-budget`; `None`: the saved one, or the default.
+    pub other_users_budget: Option<OthersBudget>,
     pub durability: Durability,
 }
 
@@ -127,8 +130,12 @@ pub fn prepare(req: &MountRequest) -> Result<DaemonConfig, MountError> {
     }
     crate::state::dir::secure(&paths.state_dir)
         .map_err(|e| MountError::Failed(format!("cannot mount: {}", error_text(&e))))?;
-    let exclusions = crate::history::settings::load(&paths.state_dir)
-        .and_then(|saved| exclusions_for_mount(req, saved.map(|s| s.exclusions)))
+    let saved = crate::history::settings::load(&paths.state_dir)
+        .map_err(|msg| MountError::Refused(format!("cannot mount: {msg}")))?;
+    let other_users_budget = req
+        .other_users_budget
+        .or(saved.as_ref().and_then(|s| s.other_users_budget));
+    let exclusions = exclusions_for_mount(req, saved.map(|s| s.exclusions))
         .map_err(|msg| MountError::Refused(format!("cannot mount: {msg}")))?;
     let owner = req
         .owner
@@ -148,6 +155,7 @@ pub fn prepare(req: &MountRequest) -> Result<DaemonConfig, MountError> {
         allow_other: req.allow_other,
         owner,
         exclusions,
+        other_users_budget,
         options,
         durability: req.durability,
     })

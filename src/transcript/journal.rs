@@ -87,8 +87,8 @@ impl Journal {
     /// fails, it is cut before the next append). A short write is completed with further
     /// writes, to either finish the line or surface the real errno (usually ENOSPC). An
     /// fdatasync error means the line is in the file but may not survive a crash; treat the
-    /// record as not durable.
-    pub fn append(&self, record: &Record, sync: bool) -> io::Result<()> {
+    /// record as not durable. Returns the bytes the line took.
+    pub fn append(&self, record: &Record, sync: bool) -> io::Result<u64> {
         let mut line = serde_json::to_vec(record)?;
         line.push(b'\n');
         let mut st = self.lock();
@@ -113,7 +113,7 @@ impl Journal {
         } else {
             self.unsynced.store(true, Ordering::Release);
         }
-        Ok(())
+        Ok(line.len() as u64)
     }
 
     /// fdatasyncs the journal (counted, see [`crate::state::durability`]).
