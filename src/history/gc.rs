@@ -411,6 +411,31 @@ fn transcript_len(records: &[Record]) -> io::Result<u64> {
     Ok(n)
 }
 
+/// gc's hold on the state dir's reserve ([`crate::state::reserve`]): made when gc is about to
+/// write, it deletes the reserve so that gc's writes find room on a full disk; dropped (gc
+/// done, or failed), it makes the reserve again, sized for the transcript as it is then.
+struct ReserveReleased<'a> {
+    state_dir: &'a Path,
+    transcript: &'a Path,
+}
+
+impl<'a> ReserveReleased<'a> {
+    fn new(state_dir: &'a Path, transcript: &'a Path) -> io::Result<Self> {
+        crate::state::reserve::release(state_dir)?;
+        Ok(ReserveReleased {
+            state_dir,
+            transcript,
+        })
+    }
+}
+
+impl Drop for ReserveReleased<'_> {
+    fn drop(&mut self) {
+        let len = file_len(self.transcript).unwrap_or(0);
+        crate::state::reserve::renew(self.state_dir, len);
+    }
+}
+
 fn file_len(path: &Path) -> io::Result<u64> {
     match std::fs::metadata(path) {
         Ok(m) => Ok(m.len()),
@@ -465,6 +490,7 @@ impl History {
         if dry_run {
             return Ok(report);
         }
+        let _reserve = ReserveReleased::new(&self.state_dir, &path)?;
         if plan.drop > 0 {
             let old_file = file_id(&path)?;
             let rewritten = rec.transcript.rewrite(plan.records.clone());
@@ -586,6 +612,7 @@ pub fn gc_state_dir(
     if dry_run {
         return Ok(report);
     }
+    let _reserve = ReserveReleased::new(state_dir, &transcript)?;
     if plan.drop > 0 {
         rewrite_atomically(&transcript, &plan.records)?;
         // Every journal record is in the new transcript now (its seqs are covered).

@@ -110,6 +110,11 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     let budget = cfg.other_users_budget.unwrap_or_default();
     history.budgets().configure(owner_uid, budget);
     info!("other users' budget: {budget} (ctl lines, state bytes; owner uid {owner_uid})");
+    // So that gc can run even once the state dir's disk is full (see state::reserve).
+    crate::state::reserve::renew(
+        &cfg.state_dir,
+        std::fs::metadata(cfg.state_dir.join("transcript.jsonl")).map_or(0, |m| m.len()),
+    );
     info!("exclusions: {}", history.exclusions().summary());
     let copier = {
         let h = history.clone();

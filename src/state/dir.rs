@@ -36,6 +36,7 @@ const STATE_ENTRIES: &[&str] = &[
     "lock",
     "backups",
     "backups/journal.jsonl",
+    crate::state::reserve::GC_RESERVE_FILE,
 ];
 
 fn refused(msg: String) -> io::Error {

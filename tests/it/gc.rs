@@ -717,3 +717,85 @@ fn progress_goes_to_a_terminal_and_nowhere_else() {
     assert!(out.status.success());
     assert_eq!(stderr(&out), "");
 }
+
+/// A tmpfs mounted for the test's life (unmounted lazily on drop, after the FUSE mount that
+/// uses it: declare it first).
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let disk = SmallDisk(tempfile::tempdir().unwrap());
+        let out = common::run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+                disk.0.path().to_str().unwrap(),
+            ],
+            Path::new("/"),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        disk
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// Issue 28 item 7: once the state dir's disk is full — here a 128 MiB tmpfs that another
+/// file fills — the owner's backups fail with ENOSPC, and gc must still free space: it needs
+/// room to write the compacted transcript before it may delete anything, which the state
+/// dir's reserve (`gc-reserve`) gives it.
+#[test]
+fn gc_frees_space_on_a_full_state_disk() {
+    let disk = SmallDisk::new("128m");
+    let mut m = TestMount::unmounted(&[]);
+    m.state = disk.0.path().join("state");
+    m.mount();
+    let reserve = fs::metadata(m.state.join("gc-reserve")).unwrap().len();
+    assert!(reserve >= 40 << 20, "reserve {reserve}");
+    // Five versions of a 4 MiB file: 16 MiB of backups gc can drop with --keep 1.
+    let f = m.mnt.join("big.bin");
+    for i in 0..6 {
+        fs::write(&f, bytes(i, 4 << 20)).unwrap();
+        common::checkpoint(&m, &format!("c{i}"));
+    }
+    // Fill what is left of the disk.
+    let mut filler = fs::File::create(disk.0.path().join("filler")).unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    loop {
+        use std::io::Write as _;
+        if let Err(e) = filler.write_all(&chunk).and_then(|()| filler.sync_data()) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            break;
+        }
+    }
+    let err = fs::write(&f, bytes(99, 4 << 20)).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "the disk is full: {err}"
+    );
+    let before = store_bytes(&m.state);
+    let report: serde_json::Value =
+        serde_json::from_str(&gc(&m, &["--keep", "1", "--json"])).unwrap();
+    assert!(
+        report["bytes_freed"].as_u64().unwrap() >= 16 << 20,
+        "{report:#}"
+    );
+    assert!(store_bytes(&m.state) + (16 << 20) <= before);
+    // What gc freed is the owner's again (the reserve is made again within half of it).
+    fs::write(&f, bytes(99, 4 << 20)).unwrap();
+    assert_eq!(fs::read(&f).unwrap(), bytes(99, 4 << 20));
+    assert!(m.state.join("gc-reserve").exists());
+    m.umount();
+}
