@@ -42,6 +42,7 @@
 pub mod agent_state;
 pub mod changes;
 mod checkpoint;
+mod compare;
 pub mod epoch;
 pub mod exclusions;
 pub mod gc;

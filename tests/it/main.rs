@@ -16,6 +16,7 @@ mod agent_gemini_cli;
 mod agents;
 mod checked_rewind;
 mod checkpoints;
+mod diff_memory;
 mod durability;
 mod exclusions;
 mod fds;
