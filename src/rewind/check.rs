@@ -260,21 +260,20 @@ pub(super) fn refusal(id: &str, problems: &[Problem]) -> io::Error {
     let mut todo = Vec::new();
     if objects {
         todo.push(
-            "a damaged or missing backup cannot be restored: rewind the other paths \
-             (`-- PATH...`), or to another checkpoint; the daemon log names the object",
+            "A damaged or missing backup cannot be restored: rewind the other paths (name \
+             them after `--`), or to another checkpoint.",
         );
     }
     if in_the_way {
-        todo.push("move what is in the way out of the tree (or delete it), then rewind again");
+        todo.push("Move what is in the way out of the tree (or delete it), then rewind again.");
     }
     if parents {
-        todo.push("rewind the parent too (add it after `--`), or move it away");
+        todo.push("Rewind the parent too (name it after `--`), or move it away.");
     }
     io::Error::other(format!(
-        "cannot rewind to '{id}':\n  {}\nNothing was changed and no checkpoint was taken. To \
-         go on, {}.",
+        "cannot rewind to '{id}':\n  {}\nNothing was changed and no checkpoint was taken. {}",
         lines.join("\n  "),
-        todo.join("; ")
+        todo.join(" ")
     ))
 }
 

@@ -210,3 +210,45 @@ fn a_failure_after_the_first_change_is_undone_by_before_rewind() {
     drop(m);
     drop(tmpfs);
 }
+
+/// A backup file deleted from the store (big enough to be a file of its own, not a pack
+/// entry): the view reads EIO with one log line naming it, and the rewind refuses, saying
+/// the object is missing.
+#[test]
+fn a_missing_backup_reads_as_eio_and_is_refused() {
+    let mut m = TestMount::unmounted(&[]);
+    let original: Vec<u8> = (0..100u32 << 10).map(|i| b'a' + (i % 26) as u8).collect();
+    fs::write(m.src.join("big.txt"), &original).unwrap();
+    m.mount();
+    checkpoint(&m, "m1");
+    fs::write(m.mnt.join("big.txt"), "short now\n").unwrap();
+    let object = sha256_hex(&original);
+    fs::remove_file(m.state.join("backups").join(&object)).unwrap();
+
+    let view = common::at(&m, "m1").join("big.txt");
+    assert_eq!(
+        fs::symlink_metadata(&view).unwrap().len(),
+        original.len() as u64
+    );
+    for _ in 0..3 {
+        let err = fs::read(&view).expect_err("a missing backup must not be read");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    let naming = m
+        .daemon_log()
+        .lines()
+        .filter(|l| l.contains(&object))
+        .count();
+    assert_eq!(naming, 1, "{}", m.daemon_log());
+
+    let before = tree_listing(&m.mnt);
+    let err = refused_rewind(&m, "m1", &[]);
+    assert!(
+        err.contains(&format!(
+            "big.txt: its content at 'm1' (store object {object}) is missing from the store"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("Nothing was changed"), "{err}");
+    assert_eq!(tree_listing(&m.mnt), before);
+}
