@@ -587,20 +587,7 @@ struct LiveTree<'a>(&'a History);
 
 impl check::Tree for LiveTree<'_> {
     fn list(&self, rel: &str) -> io::Result<Vec<(Vec<u8>, bool)>> {
-        let Some(fd) = self.0.open_existing(rel)? else {
-            return Ok(Vec::new());
-        };
-        if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Ok(Vec::new());
-        }
-        let mut names = Vec::new();
-        let mut stream = sys::DirStream::open(fd.as_fd())?;
-        while let Some(e) = stream.next_entry()? {
-            if e.name != b"." && e.name != b".." {
-                names.push((e.name.to_vec(), e.d_type));
-            }
-        }
-        names
+        list_dir(self.0, rel)?
             .into_iter()
             .map(|(name, d_type)| {
                 let is_dir = match d_type {
@@ -627,6 +614,25 @@ impl check::Tree for LiveTree<'_> {
             _ => None,
         }
     }
+}
+
+/// The names in directory `rel` of SRC and their `d_type`s (none when it is gone or not a
+/// directory), listed beneath SRC's root without following a symlink.
+fn list_dir(history: &History, rel: &str) -> io::Result<Vec<(Vec<u8>, u8)>> {
+    let Some(fd) = history.open_existing(rel)? else {
+        return Ok(Vec::new());
+    };
+    if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Ok(Vec::new());
+    }
+    let mut names = Vec::new();
+    let mut stream = sys::DirStream::open(fd.as_fd())?;
+    while let Some(e) = stream.next_entry()? {
+        if e.name != b"." && e.name != b".." {
+            names.push((e.name.to_vec(), e.d_type));
+        }
+    }
+    Ok(names)
 }
 
 /// `statfs.f_type` of every FUSE mount.
@@ -947,20 +953,12 @@ impl<'a> Changer<'a> {
                 // any other step, so recorded and undone by `:before-rewind`). What it
                 // does not hold (excluded, or a name that is not UTF-8) was refused by the
                 // check; one that appeared since stays, and the rmdir below fails on it.
-                // Listed beneath SRC's root without following symlinks.
-                let mut names = Vec::new();
-                if let Some(fd) = self.history.open_existing(rel)? {
-                    let mut stream = sys::DirStream::open(fd.as_fd())?;
-                    while let Some(e) = stream.next_entry()? {
-                        let Ok(n) = std::str::from_utf8(e.name) else {
-                            continue;
-                        };
-                        let child = format!("{rel}/{n}");
-                        if n != "." && n != ".." && !self.history.is_excluded(&child, None) {
-                            names.push((n.to_string(), e.d_type));
-                        }
-                    }
-                }
+                let names = list_dir(self.history, rel)?
+                    .into_iter()
+                    .filter_map(|(n, t)| {
+                        let n = String::from_utf8(n).ok()?;
+                        (!self.history.is_excluded(&format!("{rel}/{n}"), None)).then_some((n, t))
+                    });
                 for (n, t) in names {
                     let k = if t == libc::DT_DIR {
                         EntryKind::Dir
