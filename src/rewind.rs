@@ -27,6 +27,8 @@ use crate::history::{History, agent_state};
 use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::EntryKind;
 
+mod check;
+
 /// One difference between the current tree and the target checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -505,6 +507,8 @@ pub fn rewind(
             k.why
         ));
     }
+    // Checked before anything changes (a dry run reports the same refusal).
+    check_plan(history, id, &steps)?;
     if dry_run {
         if steps.is_empty() {
             out.push_str(&format!(
@@ -521,7 +525,30 @@ pub fn rewind(
     let saved = history.unused_rewind_id(id);
     fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
-    apply(fs, &steps, progress)?;
+    let done = std::cell::Cell::new(0);
+    let applied = apply(fs, &steps, &mut |n, total| {
+        done.set(n);
+        progress(n, total);
+    });
+    if let Err(e) = applied {
+        // What was changed is recorded: the undo below needs it in the transcript too.
+        if let Err(f) = history.flush() {
+            log::error!("after a failed rewind, cannot flush the history: {f}");
+        }
+        log::error!("rewind to {id} failed after {} changes: {e}", done.get());
+        return Err(sys::context(
+            format!(
+                "the rewind to '{id}' failed after {} of {} changes, so the tree is partly \
+                 rewound. `checkpointfs rewind {} {}` puts it back exactly as it was before \
+                 this rewind. The failure",
+                done.get(),
+                steps.len(),
+                shell_word(&fs.mount_info().0.to_string_lossy()),
+                shell_word(&saved)
+            ),
+            e,
+        ));
+    }
     history.flush()?;
     info!("rewound to {id}: {} changes", steps.len());
     out.push_str(&format!(
@@ -530,6 +557,82 @@ pub fn rewind(
         if steps.len() == 1 { "" } else { "s" }
     ));
     Ok(out)
+}
+
+/// Refuses, changing nothing, a plan that could not be carried out whole as far as can be
+/// known before its first change (see [`check`]).
+fn check_plan(history: &History, id: &str, steps: &[Step]) -> io::Result<()> {
+    let mut problems = check::object_problems(steps, |name| history.store().verify(name));
+    problems.extend(
+        check::tree_problems(steps, &LiveTree(history)).map_err(|e| {
+            sys::context(
+                format!(
+                    "cannot rewind to '{id}': checking the tree first failed (nothing was changed)"
+                ),
+                e,
+            )
+        })?,
+    );
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let refusal = check::refusal(id, &problems);
+    log::warn!("{}", refusal.to_string().replace('\n', " "));
+    Err(refusal)
+}
+
+/// The tree in SRC as [`check::tree_problems`] sees it: read beneath SRC's root, no
+/// symlink followed.
+struct LiveTree<'a>(&'a History);
+
+impl check::Tree for LiveTree<'_> {
+    fn list(&self, rel: &str) -> io::Result<Vec<(Vec<u8>, bool)>> {
+        list_dir(self.0, rel)?
+            .into_iter()
+            .map(|(name, d_type)| {
+                let is_dir = match d_type {
+                    libc::DT_UNKNOWN => match std::str::from_utf8(&name) {
+                        Ok(n) => self.kind(&format!("{rel}/{n}"))? == Some(EntryKind::Dir),
+                        Err(_) => false,
+                    },
+                    t => t == libc::DT_DIR,
+                };
+                Ok((name, is_dir))
+            })
+            .collect()
+    }
+
+    fn kind(&self, rel: &str) -> io::Result<Option<EntryKind>> {
+        Ok(self.0.current_meta(rel)?.map(|m| m.kind))
+    }
+
+    fn untracked_why(&self, rel: &str, is_dir: bool) -> Option<String> {
+        use crate::history::exclusions::Verdict;
+        match self.0.exclusion_verdict(rel, Some(is_dir)) {
+            Verdict::Glob { pattern, .. } => Some(format!("excluded by '{pattern}'")),
+            Verdict::Ignored { .. } => Some("ignored by a git rule".to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// The names in directory `rel` of SRC and their `d_type`s (none when it is gone or not a
+/// directory), listed beneath SRC's root without following a symlink.
+fn list_dir(history: &History, rel: &str) -> io::Result<Vec<(Vec<u8>, u8)>> {
+    let Some(fd) = history.open_existing(rel)? else {
+        return Ok(Vec::new());
+    };
+    if sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Ok(Vec::new());
+    }
+    let mut names = Vec::new();
+    let mut stream = sys::DirStream::open(fd.as_fd(), true)?;
+    while let Some(e) = stream.next_entry()? {
+        if e.name != b"." && e.name != b".." {
+            names.push((e.name.to_vec(), e.d_type));
+        }
+    }
+    Ok(names)
 }
 
 /// `statfs.f_type` of every FUSE mount.
@@ -665,9 +768,10 @@ fn apply(
         .filter(|s| matches!(s, Step::Remove { .. }))
         .collect();
     removals.sort_by(|a, b| b.path().cmp(a.path()));
+    let at = |path: &str, e: io::Error| sys::context(quote_name(path), e);
     for s in removals {
         if let Step::Remove { path, kind } = s {
-            changer.remove(path, *kind)?;
+            changer.remove(path, *kind).map_err(|e| at(path, e))?;
         }
         step_done();
     }
@@ -681,18 +785,20 @@ fn apply(
     for s in writes {
         match s {
             Step::Create { path, target } | Step::Rewrite { path, target } => {
-                changer.write_entry(path, target, matches!(s, Step::Create { .. }))?;
+                changer
+                    .write_entry(path, target, matches!(s, Step::Create { .. }))
+                    .map_err(|e| at(path, e))?;
                 if target.meta.kind == EntryKind::Dir {
                     dirs_meta.push((path, target));
                 } else {
-                    changer.set_meta(path, target)?;
+                    changer.set_meta(path, target).map_err(|e| at(path, e))?;
                 }
             }
             Step::Metadata { path, target } => {
                 if target.meta.kind == EntryKind::Dir {
                     dirs_meta.push((path, target));
                 } else {
-                    changer.set_meta(path, target)?;
+                    changer.set_meta(path, target).map_err(|e| at(path, e))?;
                 }
             }
             Step::Remove { .. } => {}
@@ -703,7 +809,7 @@ fn apply(
     // and a read-only mode set early would stop the filling.
     dirs_meta.sort_by(|a, b| b.0.cmp(a.0));
     for (path, target) in dirs_meta {
-        changer.set_meta(path, target)?;
+        changer.set_meta(path, target).map_err(|e| at(path, e))?;
     }
     Ok(())
 }
@@ -842,18 +948,17 @@ impl<'a> Changer<'a> {
         };
         let result = match unlink() {
             Err(e) if is_errno(&e, libc::ENOTEMPTY) => {
-                // Something untracked (an excluded path) lives inside a directory that did
-                // not exist at the checkpoint: it has to go with it. Listed beneath SRC's
-                // root without following symlinks; each name is removed as any other step.
-                let mut names = Vec::new();
-                if let Some(fd) = self.history.open_existing(rel)? {
-                    let mut stream = sys::DirStream::open(fd.as_fd(), true)?;
-                    while let Some(e) = stream.next_entry()? {
-                        if e.name != b"." && e.name != b".." {
-                            names.push((String::from_utf8_lossy(e.name).into_owned(), e.d_type));
-                        }
-                    }
-                }
+                // Something the plan does not remove lives inside a directory that did not
+                // exist at the checkpoint: what the history holds goes with it (removed as
+                // any other step, so recorded and undone by `:before-rewind`). What it
+                // does not hold (excluded, or a name that is not UTF-8) was refused by the
+                // check; one that appeared since stays, and the rmdir below fails on it.
+                let names = list_dir(self.history, rel)?
+                    .into_iter()
+                    .filter_map(|(n, t)| {
+                        let n = String::from_utf8(n).ok()?;
+                        (!self.history.is_excluded(&format!("{rel}/{n}"), None)).then_some((n, t))
+                    });
                 for (n, t) in names {
                     let k = if t == libc::DT_DIR {
                         EntryKind::Dir

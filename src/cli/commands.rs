@@ -528,6 +528,7 @@ pub fn diff(
         stat: format.stat,
         json: true,
         session: session.map(str::to_string),
+        full: format.full,
     };
     report(
         target,

@@ -404,8 +404,8 @@ pub struct TargetArgs {
 
 #[derive(Debug, Args)]
 #[command(
-    override_usage = "checkpointfs diff [--stat] [--json] MNT M [N]\n       \
-    checkpointfs diff [--stat] [--json] --state-dir DIR M [N]"
+    override_usage = "checkpointfs diff [--stat] [--json] [--full] MNT M [N]\n       \
+    checkpointfs diff [--stat] [--json] [--full] --state-dir DIR M [N]"
 )]
 pub struct DiffArgs {
     /// MNT M [N], or M [N] with --state-dir: compare checkpoint M with checkpoint N, or
@@ -431,6 +431,11 @@ pub struct DiffArgs {
     /// more leading characters)
     #[arg(long, value_name = "SESSION")]
     pub session: Option<String>,
+
+    /// Diff text files above 8 MiB by lines too; without it such a file is reported as
+    /// "large, N bytes changed" (compared in bounded memory)
+    #[arg(long)]
+    pub full: bool,
 }
 
 #[derive(Debug, Args)]
@@ -690,6 +695,7 @@ fn diff(a: DiffArgs) -> i32 {
     let format = DiffFormat {
         stat: a.stat,
         json: a.json,
+        full: a.full,
     };
     let mut args = a.args.into_iter();
     let target = match a.state_dir {

@@ -129,7 +129,7 @@ pub fn diff_output(
     session: Option<&str>,
 ) -> io::Result<String> {
     diff_from_report(
-        &history.diff_report_of(from, to, !format.stat, session)?,
+        &history.diff_report_of(from, to, !format.stat, session, format.full)?,
         format,
     )
 }
@@ -174,6 +174,13 @@ fn render_patch(report: &DiffReport) -> String {
         match f.content {
             ContentChange::Binary => {
                 let _ = writeln!(out, "Binary files {a} and {b} differ");
+            }
+            ContentChange::Large => {
+                let _ = writeln!(
+                    out,
+                    "Large files {a} and {b} differ: {} bytes changed (--full diffs them)",
+                    f.bytes_changed.unwrap_or(0)
+                );
             }
             ContentChange::Text => {
                 let patch = f.patch.as_deref().unwrap_or_default();
@@ -232,6 +239,17 @@ fn render_stat(report: &DiffReport) -> String {
         if f.content == ContentChange::Binary {
             let size = |e: &Option<EntryFacts>| e.as_ref().map_or(0, |e| e.size);
             let _ = writeln!(out, "Bin {} -> {} bytes", size(&f.before), size(&f.after));
+            continue;
+        }
+        if f.content == ContentChange::Large {
+            let size = |e: &Option<EntryFacts>| e.as_ref().map_or(0, |e| e.size);
+            let _ = writeln!(
+                out,
+                "large, {} bytes changed ({} -> {} bytes)",
+                f.bytes_changed.unwrap_or(0),
+                size(&f.before),
+                size(&f.after)
+            );
             continue;
         }
         let (mut add, mut del) = (f.insertions, f.deletions);

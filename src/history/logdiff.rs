@@ -25,6 +25,8 @@ pub struct DiffFormat {
     /// A per-path summary of changed lines instead of the patch.
     pub stat: bool,
     pub json: bool,
+    /// Diff files above [`LARGE_FILE`] by lines too (when they are text).
+    pub full: bool,
 }
 
 /// A time as both an RFC 3339 UTC string and nanoseconds since the Unix epoch.
@@ -69,12 +71,55 @@ pub struct EntryFacts {
     pub target: Option<String>,
 }
 
-/// The content of a file or symlink entry; `None` for directories and special files.
-fn content_of(h: &History, e: Option<&ViewEntry>) -> io::Result<Option<Vec<u8>>> {
-    match e {
-        Some(e) if matches!(e.meta.kind, EntryKind::File | EntryKind::Symlink) => {
-            h.view_read_all(e).map(Some)
+/// Above this size (either side) `diff` does not read a file for a line diff: it reports it
+/// as `large`, with the number of bytes that differ, found in bounded memory
+/// ([`super::compare`]), unless `--full` asks for the line diff. A line diff holds both
+/// sides and `similar`'s tables (a few times their size) in the daemon, so 8 MiB keeps one
+/// well under 64 MB, while source files, the ones worth a patch, are far smaller.
+pub const LARGE_FILE: u64 = 8 << 20;
+
+/// A side's content as a report reads it: a symlink's target, or a file, opened but not
+/// read (it may be big, and sparse).
+enum Content {
+    Target(Vec<u8>),
+    File(std::fs::File),
+}
+
+impl Content {
+    fn len(&self) -> io::Result<u64> {
+        match self {
+            Content::Target(t) => Ok(t.len() as u64),
+            Content::File(f) => Ok(f.metadata()?.len()),
         }
+    }
+
+    fn is_text(&self) -> io::Result<bool> {
+        match self {
+            Content::Target(t) => Ok(is_text(t)),
+            Content::File(f) => super::compare::is_text(f),
+        }
+    }
+
+    /// The whole content (called for what is at most [`LARGE_FILE`], or text with --full).
+    fn bytes(self) -> io::Result<Vec<u8>> {
+        match self {
+            Content::Target(t) => Ok(t),
+            Content::File(mut f) => {
+                let mut buf = Vec::new();
+                io::Read::read_to_end(&mut f, &mut buf)?;
+                Ok(buf)
+            }
+        }
+    }
+}
+
+/// The content of a file or symlink entry; `None` for directories and special files.
+fn content_of(h: &History, e: Option<&ViewEntry>) -> io::Result<Option<Content>> {
+    match e {
+        Some(e) if e.meta.kind == EntryKind::Symlink => {
+            Ok(Some(Content::Target(h.view_symlink_target(e)?)))
+        }
+        Some(e) if e.meta.kind == EntryKind::File => Ok(Some(Content::File(h.view_open(e)?))),
         _ => Ok(None),
     }
 }
@@ -90,7 +135,7 @@ fn read_side(
     h: &History,
     path: &str,
     e: Option<&ViewEntry>,
-) -> io::Result<(Option<ViewEntry>, Option<Vec<u8>>)> {
+) -> io::Result<(Option<ViewEntry>, Option<Content>)> {
     let mut entry = e.cloned();
     for _ in 0..LIVE_RETRIES {
         match content_of(h, entry.as_ref()) {
@@ -110,25 +155,29 @@ fn read_side(
     )))
 }
 
-/// `content` is the entry's content as read by [`content_of`].
-fn facts(e: &ViewEntry, content: Option<&[u8]>) -> EntryFacts {
+/// `content` is the entry's content as read by [`content_of`]; a file is hashed as it is
+/// read, in bounded memory.
+fn facts(e: &ViewEntry, content: Option<&Content>) -> io::Result<EntryFacts> {
     let sha256 = match (&e.content, content) {
         // A store object is named by the sha256 of its content: no need to hash again.
         (ViewContent::Object(name), _) => Some(name.clone()),
-        (_, Some(bytes)) => Some(object_name(bytes)),
+        (_, Some(Content::Target(bytes))) => Some(object_name(bytes)),
+        (_, Some(Content::File(f))) => Some(super::store::content_hash(f)?),
         (_, None) => None,
     };
     let target = match (e.meta.kind, content) {
-        (EntryKind::Symlink, Some(t)) => Some(String::from_utf8_lossy(t).into_owned()),
+        (EntryKind::Symlink, Some(Content::Target(t))) => {
+            Some(String::from_utf8_lossy(t).into_owned())
+        }
         _ => None,
     };
-    EntryFacts {
+    Ok(EntryFacts {
         kind: e.meta.kind,
         mode: format!("{:04o}", e.meta.mode),
         size: e.meta.size,
         sha256,
         target,
-    }
+    })
 }
 
 /// The path as reports show it: the mount root is ".".
@@ -355,10 +404,10 @@ impl History {
                 let read =
                     matches!(e.content, ViewContent::Live(_)) || e.meta.kind == EntryKind::Symlink;
                 if !read {
-                    return Ok(Some(facts(e, None)));
+                    return facts(e, None).map(Some);
                 }
                 let (e, content) = read_side(self, &path, Some(e))?;
-                Ok(e.map(|e| facts(&e, content.as_deref())))
+                e.map(|e| facts(&e, content.as_ref())).transpose()
             };
             out.push(LogChange {
                 before: side(before.as_ref())?,
@@ -625,6 +674,9 @@ pub enum ContentChange {
     Binary,
     /// No content changed: directories, special files, or a change of mode or type only.
     None,
+    /// A side is bigger than [`LARGE_FILE`]: compared, not diffed by lines (see
+    /// `bytes_changed`); `--full` diffs it.
+    Large,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -640,6 +692,10 @@ pub struct FileDiff {
     /// The unified diff's hunks (3 lines of context), for text content, unless `--stat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch: Option<String>,
+    /// With `content` `large`: how many bytes differ (at the same offset, plus the
+    /// difference of the sizes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_changed: Option<u64>,
 }
 
 fn is_text(b: &[u8]) -> bool {
@@ -669,6 +725,7 @@ impl History {
         from: &str,
         to: Option<&str>,
         with_patch: bool,
+        full: bool,
     ) -> io::Result<DiffReport> {
         let a = self.point(from)?;
         let b = match to {
@@ -683,6 +740,7 @@ impl History {
                 before.as_ref(),
                 after.as_ref(),
                 with_patch,
+                full,
             )?);
         }
         Ok(DiffReport {
@@ -704,8 +762,9 @@ impl History {
         to: Option<&str>,
         with_patch: bool,
         session: Option<&str>,
+        full: bool,
     ) -> io::Result<DiffReport> {
-        let mut report = self.diff_report(from, to, with_patch)?;
+        let mut report = self.diff_report(from, to, with_patch, full)?;
         if let Some(s) = session {
             let k = |id: &str| {
                 self.checkpoint_index(id).ok_or_else(|| {
@@ -725,6 +784,9 @@ impl History {
         Ok(report)
     }
 
+    /// One path's diff. Memory stays bounded by [`LARGE_FILE`] per side whatever the sizes,
+    /// but with `full` for text files, which are then read whole for a line diff (a sparse
+    /// file never is text: its holes read as NUL bytes).
     fn file_diff(
         &self,
         path: &str,
@@ -732,23 +794,52 @@ impl History {
         before: Option<&ViewEntry>,
         after: Option<&ViewEntry>,
         with_patch: bool,
+        full: bool,
     ) -> io::Result<FileDiff> {
         let (before, old) = read_side(self, path, before)?;
         let (after, new) = read_side(self, path, after)?;
         let mut d = FileDiff {
             path: shown(path),
             change,
-            before: before.as_ref().map(|e| facts(e, old.as_deref())),
-            after: after.as_ref().map(|e| facts(e, new.as_deref())),
+            before: before
+                .as_ref()
+                .map(|e| facts(e, old.as_ref()))
+                .transpose()?,
+            after: after.as_ref().map(|e| facts(e, new.as_ref())).transpose()?,
             content: ContentChange::None,
             insertions: 0,
             deletions: 0,
             patch: None,
+            bytes_changed: None,
         };
         if old.is_none() && new.is_none() {
             return Ok(d);
         }
-        let (old, new) = (old.unwrap_or_default(), new.unwrap_or_default());
+        let len = |c: &Option<Content>| c.as_ref().map_or(Ok(0), Content::len);
+        let (old_len, new_len) = (len(&old)?, len(&new)?);
+        if old_len.max(new_len) > LARGE_FILE {
+            let text = |c: &Option<Content>| c.as_ref().map_or(Ok(true), Content::is_text);
+            if !(full && text(&old)? && text(&new)?) {
+                let changed = match (&old, &new) {
+                    (Some(Content::File(a)), Some(Content::File(b))) => {
+                        super::compare::bytes_changed(a, b)?
+                    }
+                    // Added, deleted, or of another type: all of it.
+                    _ => old_len.max(new_len),
+                };
+                if changed > 0 {
+                    if full {
+                        d.content = ContentChange::Binary;
+                    } else {
+                        d.content = ContentChange::Large;
+                        d.bytes_changed = Some(changed);
+                    }
+                }
+                return Ok(d);
+            }
+        }
+        let bytes = |c: Option<Content>| c.map_or(Ok(Vec::new()), Content::bytes);
+        let (old, new) = (bytes(old)?, bytes(new)?);
         if old == new {
             return Ok(d);
         }

@@ -43,6 +43,7 @@ pub mod agent_state;
 pub mod budget;
 pub mod changes;
 mod checkpoint;
+mod compare;
 pub mod epoch;
 pub mod exclusions;
 pub mod gc;

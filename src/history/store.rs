@@ -313,6 +313,14 @@ impl Store {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 match self.read_packed(name, true)? {
                     Some(data) => sealed_memfd(&data),
+                    // Its entry was found damaged and dropped (and logged then): still
+                    // damaged, not missing.
+                    None if pack::digest_of(name).is_some_and(|d| self.packs.is_damaged(&d)) => {
+                        Err(pack::damaged_error(format!(
+                            "store: object {name} is damaged (its pack entry did not match its \
+                             name) and no good copy is stored"
+                        )))
+                    }
                     None => Err(e),
                 }
             }
@@ -343,6 +351,13 @@ impl Store {
 
     /// Re-hashes an object and reports whether its content still matches its name.
     pub fn verify(&self, name: &str) -> io::Result<bool> {
+        // A pack entry is hashed by every read of it (see `pack`, invariant 1).
+        match self.read_packed(name, false) {
+            Ok(Some(_)) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(false),
+            Err(e) => return Err(e),
+            Ok(None) => {}
+        }
         let file = match self.open_object(name) {
             Ok(file) => file,
             // A pack entry that does not match its name (see `pack`, invariant 1).

@@ -1,6 +1,6 @@
 //! Reading the tree as it was at a checkpoint (the `.checkpoint/at/<id>/` views, diff and
 //! rewind all use this).
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -176,7 +176,7 @@ impl History {
     /// Opens a view file for reading.
     pub fn view_open(&self, e: &ViewEntry) -> io::Result<File> {
         match &e.content {
-            ViewContent::Object(name) => self.store().open_object(name),
+            ViewContent::Object(name) => stored(name, self.store().open_object(name)),
             ViewContent::Live(rel) => {
                 let fd = self.live_object(rel, libc::S_IFREG)?;
                 use std::os::fd::AsRawFd;
@@ -188,7 +188,7 @@ impl History {
 
     pub fn view_symlink_target(&self, e: &ViewEntry) -> io::Result<Vec<u8>> {
         match &e.content {
-            ViewContent::Object(name) => self.store().read_object(name),
+            ViewContent::Object(name) => stored(name, self.store().read_object(name)),
             ViewContent::Live(rel) => {
                 let fd = self.live_object(rel, libc::S_IFLNK)?;
                 sys::readlinkat(fd.as_fd(), sys::EMPTY)
@@ -223,6 +223,30 @@ impl History {
             }
             _ => Ok(Vec::new()),
         }
+    }
+}
+
+/// A read of store object `name`, which the history names: an object missing from the
+/// store is damage, reported as EIO with one log line naming it (the first time), never as
+/// ENOENT, which would say that the file a view lists does not exist. A damaged pack entry
+/// is EIO already, logged by the store when it dropped it.
+pub(crate) fn stored<T>(name: &str, read: io::Result<T>) -> io::Result<T> {
+    static REPORTED: std::sync::Mutex<BTreeSet<String>> = std::sync::Mutex::new(BTreeSet::new());
+    match read {
+        Err(e) if sys::os_error(&e) == Some(libc::ENOENT) => {
+            let first = REPORTED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name.to_string());
+            if first {
+                log::error!("store: object {name} is missing, though the history refers to it");
+            }
+            Err(sys::context(
+                format!("store: object {name} is missing"),
+                errno(libc::EIO),
+            ))
+        }
+        other => other,
     }
 }
 

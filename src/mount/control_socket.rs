@@ -95,6 +95,10 @@ pub enum Request {
         /// Only the paths this agent session changed in between (protocol 2).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<String>,
+        /// Diff files above the large-file limit by lines too. A daemon that predates it
+        /// ignores it, and diffs every file whole, as it always did.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        full: bool,
     },
     Status {
         path: Option<String>,
@@ -572,6 +576,7 @@ fn handle(
             stat,
             json: _,
             session,
+            full,
         } => {
             // Attribution for --session is read from the transcript.
             let flushed = match session {
@@ -585,6 +590,7 @@ fn handle(
                     to.as_deref(),
                     !stat,
                     session.as_deref(),
+                    full,
                 )?)
             })
         }
@@ -778,6 +784,7 @@ mod tests {
             stat: true,
             json: true,
             session: None,
+            full: false,
         };
         assert_eq!(request(dir.path(), &diff).unwrap().protocol, PROTOCOL);
         let err = Response::err(&io::Error::from_raw_os_error(libc::ENOENT));

@@ -50,6 +50,10 @@ pub fn os_error(e: &io::Error) -> Option<i32> {
     if let Some(c) = inner.downcast_ref::<Context>() {
         return os_error(&c.source);
     }
+    // An error of another kind around one of these (e.g. `InvalidData` carrying EIO).
+    if let Some(e) = inner.downcast_ref::<io::Error>() {
+        return os_error(e);
+    }
     inner.downcast_ref::<Cloned>().and_then(|c| c.errno)
 }
 

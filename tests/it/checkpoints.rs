@@ -333,36 +333,24 @@ fn log_names_the_tools_and_diff_shows_the_change() {
 fn a_backup_that_cannot_fit_fails_the_write_and_keeps_the_file() {
     // A state dir on a 1 MiB tmpfs: a 4 MiB file's backup cannot fit. The guard is declared
     // first so it is dropped (unmounting the tmpfs) after the FUSE mount is gone.
-    struct Umount(tempfile::TempDir);
-    impl Drop for Umount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(self.0.path())
-                .status();
-        }
-    }
-    let small = Umount(tempfile::tempdir().unwrap());
-    let small_dir = small.0.path().to_str().unwrap().to_string();
-    let out = run(
-        "mount",
+    let small = tempfile::tempdir().unwrap();
+    let _tmpfs = common::OtherMount::new(
         &[
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=1m,mode=0700",
-            "tmpfs",
-            &small_dir,
+            "-t".as_ref(),
+            "tmpfs".as_ref(),
+            "-o".as_ref(),
+            "size=1m,mode=0700".as_ref(),
+            "tmpfs".as_ref(),
+            small.path().as_os_str(),
         ],
-        Path::new("/"),
+        small.path(),
     );
-    assert!(out.status.success(), "{}", stderr(&out));
 
     let mut m = TestMount::unmounted(&[]);
     let big: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
     fs::write(m.src.join("big.bin"), &big).unwrap();
     fs::write(m.src.join("small.txt"), "small\n").unwrap();
-    m.state = small.0.path().join("state");
+    m.state = small.path().join("state");
     m.mount();
 
     let err = fs::write(m.mnt.join("big.bin"), b"overwritten").unwrap_err();

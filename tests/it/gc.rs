@@ -718,48 +718,27 @@ fn progress_goes_to_a_terminal_and_nowhere_else() {
     assert_eq!(stderr(&out), "");
 }
 
-/// A tmpfs mounted for the test's life (unmounted lazily on drop, after the FUSE mount that
-/// uses it: declare it first).
-struct SmallDisk(tempfile::TempDir);
-
-impl SmallDisk {
-    fn new(size: &str) -> SmallDisk {
-        let disk = SmallDisk(tempfile::tempdir().unwrap());
-        let out = common::run(
-            "mount",
-            &[
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-                disk.0.path().to_str().unwrap(),
-            ],
-            Path::new("/"),
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-        disk
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.0.path())
-            .status();
-    }
-}
-
 /// Issue 28 item 7: once the state dir's disk is full — here a 128 MiB tmpfs that another
 /// file fills — the owner's backups fail with ENOSPC, and gc must still free space: it needs
 /// room to write the compacted transcript before it may delete anything, which the state
 /// dir's reserve (`gc-reserve`) gives it.
 #[test]
 fn gc_frees_space_on_a_full_state_disk() {
-    let disk = SmallDisk::new("128m");
+    // Declared first: unmounted after the FUSE mount that keeps its state dir there.
+    let disk = tempfile::tempdir().unwrap();
+    let _tmpfs = common::OtherMount::new(
+        &[
+            "-t".as_ref(),
+            "tmpfs".as_ref(),
+            "-o".as_ref(),
+            "size=128m,mode=0700".as_ref(),
+            "tmpfs".as_ref(),
+            disk.path().as_os_str(),
+        ],
+        disk.path(),
+    );
     let mut m = TestMount::unmounted(&[]);
-    m.state = disk.0.path().join("state");
+    m.state = disk.path().join("state");
     m.mount();
     let reserve = fs::metadata(m.state.join("gc-reserve")).unwrap().len();
     assert!(reserve >= 40 << 20, "reserve {reserve}");
@@ -770,7 +749,7 @@ fn gc_frees_space_on_a_full_state_disk() {
         common::checkpoint(&m, &format!("c{i}"));
     }
     // Fill what is left of the disk.
-    let mut filler = fs::File::create(disk.0.path().join("filler")).unwrap();
+    let mut filler = fs::File::create(disk.path().join("filler")).unwrap();
     let chunk = vec![7u8; 1 << 20];
     loop {
         use std::io::Write as _;

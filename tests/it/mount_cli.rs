@@ -280,27 +280,6 @@ fn refuses_state_dir_that_is_a_file() {
     );
 }
 
-/// Mounts something on a directory for the duration of a test.
-struct OtherMount(PathBuf);
-
-impl OtherMount {
-    fn new(args: &[&OsStr], at: &Path) -> OtherMount {
-        let out = run("mount", args, Path::new("/"));
-        assert!(
-            out.status.success(),
-            "mount {args:?} failed (the test needs root): {}",
-            stderr(&out)
-        );
-        OtherMount(at.to_path_buf())
-    }
-}
-
-impl Drop for OtherMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
-    }
-}
-
 #[test]
 fn refuses_mountpoint_that_is_already_mounted() {
     let t = fresh();

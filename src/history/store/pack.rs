@@ -51,7 +51,7 @@
 //! [`Packs::compact`] (gc, with every mutation quiesced) and an `EachPut` append (the CLI's
 //! offline store, where no request waits).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
@@ -123,6 +123,9 @@ struct Index {
     holed: BTreeSet<u32>,
     /// Packs walked whole for want of a valid `.idx`: what [`Packs::write_indexes`] writes.
     unindexed: Vec<(u32, u64, Vec<Found>)>,
+    /// Objects whose entry failed verification and was dropped, while no good copy is
+    /// indexed: a read of one is EIO (the history still names it), never "no such object".
+    damaged: HashSet<[u8; 32]>,
 }
 
 impl Index {
@@ -155,6 +158,15 @@ pub(super) struct Packs {
     index: Mutex<Index>,
     /// Packs written since the last [`Packs::take_unsynced`]. A leaf lock.
     unsynced: Mutex<Unsynced>,
+}
+
+/// The error of a read of a damaged object: `InvalidData` (what it is) carrying EIO (what a
+/// reader through the mount gets), with `what` naming the object.
+pub(super) fn damaged_error(what: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        crate::sys::context(what, io::Error::from_raw_os_error(libc::EIO)),
+    )
 }
 
 /// Locks a mutex whose data stays consistent at every unlock (each update is one insert or
@@ -496,16 +508,13 @@ impl Packs {
                 return Ok(Some(data));
             }
             self.drop_damaged(digest, place);
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "store: object {} in {} at offset {} does not match its name (damaged \
-                     by a power loss?); it is no longer used",
-                    hex::encode_string(digest),
-                    pack_name(place.pack).to_string_lossy(),
-                    place.offset
-                ),
-            ));
+            return Err(damaged_error(format!(
+                "store: object {} in {} at offset {} does not match its name (damaged by a \
+                 power loss?); it is no longer used",
+                hex::encode_string(digest),
+                pack_name(place.pack).to_string_lossy(),
+                place.offset
+            )));
         }
         Err(io::Error::from_raw_os_error(libc::ESTALE))
     }
@@ -527,6 +536,12 @@ impl Packs {
         }
     }
 
+    /// Whether `digest`'s only entry was found damaged and dropped (no good copy since).
+    pub(super) fn is_damaged(&self, digest: &[u8; 32]) -> bool {
+        let index = lock(&self.index);
+        index.damaged.contains(digest) && !index.objects.contains_key(digest)
+    }
+
     fn drop_damaged(&self, digest: &[u8; 32], place: Place) {
         log::warn!(
             "store: dropping damaged pack entry {} ({} at offset {})",
@@ -541,6 +556,7 @@ impl Packs {
             .is_some_and(|p| p.offset == place.offset && p.pack == place.pack)
         {
             index.objects.remove(digest);
+            index.damaged.insert(*digest);
         }
     }
 
@@ -608,6 +624,7 @@ impl Packs {
         {
             let mut index = lock(&self.index);
             index.objects.insert(*digest, place);
+            index.damaged.remove(digest);
             index.walked.insert(pack, end);
         }
         match policy {
@@ -984,6 +1001,10 @@ mod tests {
         );
     }
 
+    fn drop_file(_: File) -> Vec<u8> {
+        Vec::new()
+    }
+
     #[test]
     fn a_damaged_entry_is_never_served_nor_reused() {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -1007,7 +1028,17 @@ mod tests {
             .read_object(&name)
             .expect_err("a damaged entry must not be read");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(crate::sys::os_error(&err), Some(libc::EIO), "{err}");
         assert!(err.to_string().contains("does not match its name"), "{err}");
+        // Read again (its entry is out of the index now): still damaged, never ENOENT.
+        for again in [
+            store.read_object(&name),
+            store.open_object(&name).map(drop_file),
+        ] {
+            let err = again.expect_err("a damaged entry must not be read");
+            assert_eq!(crate::sys::os_error(&err), Some(libc::EIO), "{err}");
+            assert!(err.to_string().contains(&name), "{err}");
+        }
         assert!(
             !Store::open(&dir)
                 .expect("reopen")

@@ -377,6 +377,28 @@ pub fn sh(m: &TestMount, script: &str) {
     );
 }
 
+/// Something mounted on a directory (`mount ARGS`) for the life of the guard; unmounted
+/// lazily on drop (a daemon may still hold it then).
+pub struct OtherMount(PathBuf);
+
+impl OtherMount {
+    pub fn new(args: &[&OsStr], at: &Path) -> OtherMount {
+        let out = run("mount", args, Path::new("/"));
+        assert!(
+            out.status.success(),
+            "mount {args:?} failed (the test needs root): {}",
+            stderr(&out)
+        );
+        OtherMount(at.to_path_buf())
+    }
+}
+
+impl Drop for OtherMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
+    }
+}
+
 /// `MNT/.checkpoint/at/<id>`: the tree at checkpoint `id`.
 pub fn at(m: &TestMount, id: &str) -> PathBuf {
     m.mnt.join(".checkpoint/at").join(id)
