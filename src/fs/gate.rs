@@ -191,6 +191,7 @@ impl Gate {
     ) -> io::Result<EntryPermit<'g>> {
         let mut admission = self.admit();
         let mut leaving = None;
+        let dir = parent.fd()?;
         if let Some(rel) = self.rel_child(parent, name)? {
             debug!(
                 "gate: {} {} {:?}",
@@ -198,16 +199,21 @@ impl Gate {
                 if removal { "removes" } else { "adds/removes" },
                 String::from_utf8_lossy(&rel)
             );
+            // The backup looks at `name` in the very directory the permit changes.
+            let entry = (dir.as_fd(), name);
             if removal {
-                leaving = self.history.before_removal(caller, &rel, Some(is_dir))?;
+                leaving = self
+                    .history
+                    .before_entry_removal(caller, &rel, entry, Some(is_dir))?;
             } else {
-                self.history.before_change(caller, &rel, Some(is_dir))?;
+                self.history
+                    .before_entry_change(caller, &rel, entry, Some(is_dir))?;
             }
             self.note_rules_dependency(&mut admission.rules_touched, rel, false);
         }
         Ok(EntryPermit {
             admission,
-            dir: parent.fd()?,
+            dir,
             name,
             is_dir,
             leaving,
