@@ -34,6 +34,7 @@ mod mount_scripts;
 mod open_writers;
 mod owner;
 mod passthrough;
+mod renames;
 mod reports;
 mod safety;
 mod scale;
