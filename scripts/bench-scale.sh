@@ -352,61 +352,19 @@ fi
 if wanted depth; then
 echo
 echo "== a create at the bottom of a deep tree: depth 5,000 against 2,500 (200 creates each, interleaved)"
-# A chain of DEPTH directories "d" under $1, made with dir_fd (no path string is longer
-# than one name, so past PATH_MAX too).
-make_chain='import os, sys
-fd = os.open(sys.argv[1], os.O_PATH | os.O_DIRECTORY)
-for _ in range(int(sys.argv[2])):
-    os.mkdir("d", dir_fd=fd)
-    nfd = os.open("d", os.O_PATH | os.O_DIRECTORY, dir_fd=fd)
-    os.close(fd)
-    fd = nfd'
-# Walks down the chains under $1 (2,500 deep) and $2 (5,000 deep), then creates 200 files
-# at the bottom of each in alternating batches of 10 (so both see the same machine load).
-# Prints, for each depth, the median ms of a create (O_CREAT, write 1 byte, close) and,
-# given the daemons' pids ($3, $4), the daemon's CPU ms per create (all its threads, from
-# /proc/PID/task/*/schedstat): what the daemon spends, whatever else the machine runs.
-create_deep='import glob, os, statistics, sys, time
-def bottom(top, depth):
-    fd = os.open(top, os.O_PATH | os.O_DIRECTORY)
-    for _ in range(depth):
-        nfd = os.open("d", os.O_PATH | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = nfd
-    return fd
-def cpu_ns(pid):
-    total = 0
-    for f in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            total += int(open(f).read().split()[0])
-        except (OSError, IndexError):
-            pass
-    return total
-pids = {2500: sys.argv[3], 5000: sys.argv[4]} if len(sys.argv) > 4 else {}
-dirs = {2500: bottom(sys.argv[1], 2500), 5000: bottom(sys.argv[2], 5000)}
-lat = {2500: [], 5000: []}
-cpu = {2500: 0, 5000: 0}
-for batch in range(20):
-    for depth, fd in dirs.items():
-        before = cpu_ns(pids[depth]) if pids else 0
-        for i in range(batch * 10, batch * 10 + 10):
-            t = time.perf_counter()
-            f = os.open(f"f{i:03d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
-            os.write(f, b"x")
-            os.close(f)
-            lat[depth].append((time.perf_counter() - t) * 1000)
-        cpu[depth] += (cpu_ns(pids[depth]) - before) if pids else 0
-print(" ".join(f"{statistics.median(lat[d]):.3f} {cpu[d] / 200 / 1e6:.3f}" for d in (2500, 5000)))'
+# scripts/lib/create-at-depth.py makes the chains and times the creates.
+deep_py=$ROOT/scripts/lib/create-at-depth.py
 for depth in 2500 5000; do
     mkdir -p "$W/deep-native-$depth" "$W/deep-$depth-src" "$W/deep-$depth-mnt"
-    python3 -c "$make_chain" "$W/deep-native-$depth" "$depth"
-    python3 -c "$make_chain" "$W/deep-$depth-src" "$depth"
+    python3 "$deep_py" chain "$W/deep-native-$depth" "$depth"
+    python3 "$deep_py" chain "$W/deep-$depth-src" "$depth"
 done
-read -r native_2500 _ native_5000 _ < <(python3 -c "$create_deep" "$W/deep-native-2500" "$W/deep-native-5000")
+read -r native_2500 _ _ native_5000 _ _ < <(python3 "$deep_py" create 20 "$W/deep-native-2500" 2500 "$W/deep-native-5000" 5000)
 for depth in 2500 5000; do
     "$BIN" mount "$W/deep-$depth-src" "$W/deep-$depth-mnt" --state-dir "$W/deep-$depth-state"
 done
-read -r mnt_2500 cpu_2500 mnt_5000 cpu_5000 < <(python3 -c "$create_deep" "$W/deep-2500-mnt" "$W/deep-5000-mnt" \
+read -r mnt_2500 cpu_2500 _ mnt_5000 cpu_5000 _ < <(python3 "$deep_py" create 20 \
+    "$W/deep-2500-mnt" 2500 "$W/deep-5000-mnt" 5000 \
     "$(cat "$W/deep-2500-state/daemon.pid")" "$(cat "$W/deep-5000-state/daemon.pid")")
 for depth in 2500 5000; do
     "$BIN" umount "$W/deep-$depth-mnt"

@@ -15,6 +15,7 @@ mod agent_claude_code;
 mod agent_gemini_cli;
 mod agents;
 mod checkpoints;
+mod depth;
 mod durability;
 mod exclusions;
 mod fds;
