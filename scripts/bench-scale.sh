@@ -27,9 +27,15 @@ Prints, in one run on the same disk (each figure with what it is compared to):
   store_bytes                bytes the store allocates against the allocated bytes
                              of the distinct contents it holds: pre-images and the
                              checkpoint's versions (a sparse file included);  bar <= 1.0x
+  create_at_depth            median create (O_CREAT, write 1 byte, close) of 200 files at
+                             the bottom of a chain of 2,500 and of 5,000 directories (made
+                             in SRC directly; both depths interleaved in batches of 10),
+                             through the mount and natively, and the transcript bytes
+                             per create: depth 5,000 against 2,500;
+                                                                              bar <= 2.2x
 --quick: 1k/10k tracked paths and 200 checkpoints (the bars are then indicative only).
 --only: run only these sections (transcript, long, first_write,
-first_write_after_checkpoint, store). --rounds: rounds of first_write_after_checkpoint
+first_write_after_checkpoint, store, depth). --rounds: rounds of first_write_after_checkpoint
 (default 3).
 Needs root (FUSE mounts). Every mount is unmounted on every exit path.
 EOF
@@ -52,7 +58,7 @@ done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "bench-scale: --rounds must be a positive number" >&2; exit 2; }
 for name in ${ONLY//,/ }; do
     case $name in
-        transcript | long | first_write | first_write_after_checkpoint | store) ;;
+        transcript | long | first_write | first_write_after_checkpoint | store | depth) ;;
         *) echo "bench-scale: unknown section '$name' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -341,6 +347,43 @@ PY
 r=$(awk -v a="$store_alloc" -v b="$unique_alloc" 'BEGIN { printf "%.2f", a / b }')
 row "store_bytes" "$store_alloc B" "$unique_alloc B" "${r}x" "(allocated, against the distinct pre-images and checkpointed contents; 200 files, half identical, + a 256 MiB sparse file)"
 verdict "store_bytes" "$r" "<=" 1.0
+fi
+
+if wanted depth; then
+echo
+echo "== a create at the bottom of a deep tree: depth 5,000 against 2,500 (200 creates each, interleaved)"
+# scripts/lib/create-at-depth.py makes the chains and times the creates.
+deep_py=$ROOT/scripts/lib/create-at-depth.py
+for depth in 2500 5000; do
+    mkdir -p "$W/deep-native-$depth" "$W/deep-$depth-src" "$W/deep-$depth-mnt"
+    python3 "$deep_py" chain "$W/deep-native-$depth" "$depth"
+    python3 "$deep_py" chain "$W/deep-$depth-src" "$depth"
+done
+read -r native_2500 _ _ native_5000 _ _ < <(python3 "$deep_py" create 20 "$W/deep-native-2500" 2500 "$W/deep-native-5000" 5000)
+for depth in 2500 5000; do
+    "$BIN" mount "$W/deep-$depth-src" "$W/deep-$depth-mnt" --state-dir "$W/deep-$depth-state"
+done
+read -r mnt_2500 cpu_2500 _ mnt_5000 cpu_5000 _ < <(python3 "$deep_py" create 20 \
+    "$W/deep-2500-mnt" 2500 "$W/deep-5000-mnt" 5000 \
+    "$(cat "$W/deep-2500-state/daemon.pid")" "$(cat "$W/deep-5000-state/daemon.pid")")
+for depth in 2500 5000; do
+    "$BIN" umount "$W/deep-$depth-mnt"
+done
+bytes_2500=$(( $(transcript_bytes "$W/deep-2500-state") / 200 ))
+bytes_5000=$(( $(transcript_bytes "$W/deep-5000-state") / 200 ))
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+row "create_at_depth_2500" "$mnt_2500 ms" "$native_2500 ms" "$(ratio "$mnt_2500" "$native_2500")x" "(against native at the same depth; daemon CPU $cpu_2500 ms, $bytes_2500 B of transcript per create)"
+row "create_at_depth_5000" "$mnt_5000 ms" "$native_5000 ms" "$(ratio "$mnt_5000" "$native_5000")x" "(against native at the same depth; daemon CPU $cpu_5000 ms, $bytes_5000 B of transcript per create)"
+time_ratio=$(ratio "$mnt_5000" "$mnt_2500")
+cpu_ratio=$(ratio "$cpu_5000" "$cpu_2500")
+bytes_ratio=$(ratio "$bytes_5000" "$bytes_2500")
+row "create_depth_5000_vs_2500" "${time_ratio}x" "2.2x" "-" "(median wall time; native: $(ratio "$native_5000" "$native_2500")x)"
+row "create_cpu_depth_5000_vs_2500" "${cpu_ratio}x" "2.2x" "-" "(the daemon's CPU time per create)"
+row "transcript_depth_5000_vs_2500" "${bytes_ratio}x" "2.2x" "-" "(the record names the path: linear)"
+verdict "create_depth_5000_vs_2500" "$time_ratio" "<=" 2.2
+verdict "create_cpu_depth_5000_vs_2500" "$cpu_ratio" "<=" 2.2
+verdict "transcript_depth_5000_vs_2500" "$bytes_ratio" "<=" 2.2
+rm -rf "$W"/deep-*
 fi
 
 echo

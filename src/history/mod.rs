@@ -55,6 +55,8 @@ mod open;
 mod open_files;
 pub(crate) mod process;
 pub mod quote;
+#[cfg(test)]
+mod rename_design;
 pub mod settings;
 pub mod status;
 #[allow(

@@ -2,6 +2,7 @@
 //! [`History::before_change`] and [`History::before_rename`]), the captures Layer 2 shares,
 //! and how backups reach the disk (`--durability`).
 use std::collections::BTreeMap;
+use std::ffi::CStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -77,6 +78,17 @@ enum Capture {
     Fill,
 }
 
+/// Where a backup reads what is at the path it backs up.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    /// Open the path beneath SRC's root.
+    Path,
+    /// An O_PATH fd of the object at the path, held by the caller.
+    Object(BorrowedFd<'a>),
+    /// Entry `name` of a directory held by the caller: the path's parent.
+    Entry(BorrowedFd<'a>, &'a CStr),
+}
+
 /// What Layer 1 must do for a path before it changes.
 enum Need {
     Nothing,
@@ -97,21 +109,8 @@ impl History {
         rel: &[u8],
         is_dir: Option<bool>,
     ) -> io::Result<()> {
-        // Layer 1 reads SRC and writes the store as the daemon, also in the middle of a
-        // change made as another user (a rewind asked for by an `--owner`).
-        let _daemon = FsCredsGuard::as_daemon();
-        let _payer = self.budgets.pay_as(caller.uid)?;
-        let Some(rel) = rel_key(rel) else {
-            warn!(
-                "not tracking a path that is not UTF-8: {:?}",
-                String::from_utf8_lossy(rel)
-            );
-            return Ok(());
-        };
-        if self.is_excluded(rel, is_dir) {
-            return Ok(());
-        }
-        self.track(rel, Some(caller), false)
+        self.layer1(caller, rel, is_dir, Capture::Change, At::Path)
+            .map(drop)
     }
 
     /// [`History::before_change`] for a change to one object that the caller holds open:
@@ -128,19 +127,24 @@ impl History {
         object: BorrowedFd<'_>,
         is_dir: Option<bool>,
     ) -> io::Result<()> {
-        let _daemon = FsCredsGuard::as_daemon();
-        let _payer = self.budgets.pay_as(caller.uid)?;
-        let Some(rel) = rel_key(rel) else {
-            warn!(
-                "not tracking a path that is not UTF-8: {:?}",
-                String::from_utf8_lossy(rel)
-            );
-            return Ok(());
-        };
-        if self.is_excluded(rel, is_dir) {
-            return Ok(());
-        }
-        self.track_as(rel, Some(caller), Capture::Change, Some(object))
+        self.layer1(caller, rel, is_dir, Capture::Change, At::Object(object))
+            .map(drop)
+    }
+
+    /// [`History::before_change`] for entry `name` of directory `dir` (an O_PATH fd the
+    /// caller holds, the parent of `rel`), which is about to appear or go (create, mkdir,
+    /// unlink, rmdir…): the backup looks at `name` in `dir` with one `openat`, instead of
+    /// resolving `rel` again beneath SRC, a walk of every component (issue 28: at depth
+    /// 5,000 that walk was most of a create's cost). The same object either way, as for
+    /// [`History::before_object_change`].
+    pub fn before_entry_change(
+        &self,
+        caller: &Caller,
+        rel: &[u8],
+        (dir, name): (BorrowedFd<'_>, &CStr),
+        is_dir: Option<bool>,
+    ) -> io::Result<()> {
+        self.layer1(caller, rel, is_dir, Capture::Change, At::Entry(dir, name))
             .map(drop)
     }
 
@@ -156,6 +160,33 @@ impl History {
         rel: &[u8],
         is_dir: Option<bool>,
     ) -> io::Result<Option<LinkedObject<'_>>> {
+        self.layer1(caller, rel, is_dir, Capture::Leaving, At::Path)
+    }
+
+    /// [`History::before_removal`] of entry `name` of directory `dir`, the parent of `rel`
+    /// (see [`History::before_entry_change`]).
+    pub fn before_entry_removal(
+        &self,
+        caller: &Caller,
+        rel: &[u8],
+        (dir, name): (BorrowedFd<'_>, &CStr),
+        is_dir: Option<bool>,
+    ) -> io::Result<Option<LinkedObject<'_>>> {
+        self.layer1(caller, rel, is_dir, Capture::Leaving, At::Entry(dir, name))
+    }
+
+    /// What the `before_*` entry points share: as the daemon, a UTF-8 path that is not
+    /// excluded is tracked (a non-UTF-8 one is not, and is logged).
+    fn layer1(
+        &self,
+        caller: &Caller,
+        rel: &[u8],
+        is_dir: Option<bool>,
+        how: Capture,
+        at: At<'_>,
+    ) -> io::Result<Option<LinkedObject<'_>>> {
+        // Layer 1 reads SRC and writes the store as the daemon, also in the middle of a
+        // change made as another user (a rewind asked for by an `--owner`).
         let _daemon = FsCredsGuard::as_daemon();
         let _payer = self.budgets.pay_as(caller.uid)?;
         let Some(rel) = rel_key(rel) else {
@@ -168,7 +199,7 @@ impl History {
         if self.is_excluded(rel, is_dir) {
             return Ok(None);
         }
-        self.track_as(rel, Some(caller), Capture::Leaving, None)
+        self.track_as(rel, Some(caller), how, at)
     }
 
     /// Layer 1 for a rename: both names, and for a directory every path below it at its old
@@ -269,22 +300,21 @@ impl History {
     /// what is needed, then makes it as durable as the mode asks, with the state unlocked.
     pub(super) fn track(&self, rel: &str, caller: Option<&Caller>, fill: bool) -> io::Result<()> {
         let how = if fill { Capture::Fill } else { Capture::Change };
-        self.track_as(rel, caller, how, None).map(drop)
+        self.track_as(rel, caller, how, At::Path).map(drop)
     }
 
     /// [`History::track`], and for [`Capture::Leaving`] the object that still shares the
-    /// file's inode, if it was linked. `object`: an O_PATH fd of what is at `rel`, to copy
-    /// it from (see [`History::before_object_change`]); `None`: open `rel`.
+    /// file's inode, if it was linked. `at`: where to read what is at `rel`.
     fn track_as(
         &self,
         rel: &str,
         caller: Option<&Caller>,
         how: Capture,
-        object: Option<BorrowedFd<'_>>,
+        at: At<'_>,
     ) -> io::Result<Option<LinkedObject<'_>>> {
         let fill = how == Capture::Fill;
         let syncs_before = durability::syncs_on_this_thread();
-        let (sync, wrote, linked) = self.track_locked(rel, caller, how, object)?;
+        let (sync, wrote, linked) = self.track_locked(rel, caller, how, at)?;
         let recorded = sync != LayerSync::Nothing;
         match sync {
             LayerSync::Nothing | LayerSync::None => {}
@@ -313,7 +343,7 @@ impl History {
         rel: &str,
         caller: Option<&Caller>,
         how: Capture,
-        object: Option<BorrowedFd<'_>>,
+        at: At<'_>,
     ) -> io::Result<(LayerSync, bool, Option<LinkedObject<'_>>)> {
         let fill = how == Capture::Fill;
         // Who the caller is, found (it reads /proc) only when a record needs it and only
@@ -400,9 +430,10 @@ impl History {
                     let captured = if open_fill {
                         self.capture_open(rel)
                     } else {
-                        match object {
-                            Some(fd) => self.capture_fd(fd, leaving),
-                            None => self.capture_as(rel, leaving),
+                        match at {
+                            At::Object(fd) => self.capture_fd(fd, leaving),
+                            At::Entry(dir, name) => self.capture_entry(dir, name, leaving),
+                            At::Path => self.capture_as(rel, leaving),
                         }
                         .map(|(state, wrote, l)| {
                             linked = l;
@@ -630,6 +661,24 @@ impl History {
             return Ok((VersionState::Absent, false, None));
         };
         self.capture_fd(fd.as_fd(), leaving)
+    }
+
+    /// [`History::capture_as`] of entry `name` of directory `dir` (not following a
+    /// symlink): what is at the path being captured, absent if nothing.
+    #[allow(clippy::type_complexity)]
+    fn capture_entry(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        leaving: bool,
+    ) -> io::Result<(VersionState, bool, Option<LinkedObject<'_>>)> {
+        match sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            Ok(fd) => self.capture_fd(fd.as_fd(), leaving),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                Ok((VersionState::Absent, false, None))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// [`History::capture_as`] of the object `fd` (O_PATH, not following a symlink) refers
