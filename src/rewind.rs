@@ -187,7 +187,7 @@ impl History {
         Ok(unmatched)
     }
 
-    fn unused_rewind_id(&self, to: &str) -> String {
+    pub(crate) fn unused_rewind_id(&self, to: &str) -> String {
         let st = self.lock();
         let base_len = 128 - ":before-rewind-9999".len();
         let short: String = to.chars().take(base_len).collect();

@@ -299,7 +299,7 @@ fn ask_daemon_rendered(
 }
 
 /// The state dir `target` names.
-fn state_dir_of(target: &Target) -> Result<PathBuf, i32> {
+pub(crate) fn state_dir_of(target: &Target) -> Result<PathBuf, i32> {
     match target {
         Target::Mount(mnt) => state_dir_of_mount(mnt),
         Target::StateDir(d) => Ok(d.clone()),
@@ -340,31 +340,9 @@ fn report(
     if control_socket::daemon_is_serving(&state_dir) {
         return ask_daemon_rendered(&state_dir, &req, render);
     }
-    let source = match source_of_state_dir(&state_dir) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    // The exclusions the last mount used, so that `status` explains paths as it did.
-    let exclusions = match crate::history::settings::load(&state_dir) {
-        Ok(saved) => saved.unwrap_or_default().exclusions,
-        Err(msg) => {
-            eprintln!("checkpointfs: {msg}");
-            return EXIT_FAILURE;
-        }
-    };
-    let history = match open_history_readonly(HistoryConfig {
-        root: None,
-        source,
-        state_dir: state_dir.clone(),
-        exclusions,
-        // Read-only: nothing is backed up, so no durability applies.
-        durability: Default::default(),
-    }) {
+    let history = match open_offline(&state_dir) {
         Ok(h) => h,
-        Err(e) => {
-            eprintln!("checkpointfs: cannot read {}: {e}", state_dir.display());
-            return EXIT_FAILURE;
-        }
+        Err(code) => return code,
     };
     match offline(&history) {
         Ok(out) => {
@@ -376,6 +354,32 @@ fn report(
             EXIT_FAILURE
         }
     }
+}
+
+/// The history of an unmounted state dir, opened read-only; the exit status after printing
+/// why not.
+pub(crate) fn open_offline(state_dir: &Path) -> Result<std::sync::Arc<History>, i32> {
+    let source = source_of_state_dir(state_dir)?;
+    // The exclusions the last mount used, so that `status` explains paths as it did.
+    let exclusions = match crate::history::settings::load(state_dir) {
+        Ok(saved) => saved.unwrap_or_default().exclusions,
+        Err(msg) => {
+            eprintln!("checkpointfs: {msg}");
+            return Err(EXIT_FAILURE);
+        }
+    };
+    open_history_readonly(HistoryConfig {
+        root: None,
+        source,
+        state_dir: state_dir.to_path_buf(),
+        exclusions,
+        // Read-only: nothing is backed up, so no durability applies.
+        durability: Default::default(),
+    })
+    .map_err(|e| {
+        eprintln!("checkpointfs: cannot read {}: {e}", state_dir.display());
+        EXIT_FAILURE
+    })
 }
 
 /// A PATH given to `rewind -- PATH...`, as a path relative to the mount root: absolute

@@ -17,6 +17,7 @@ pub mod install_hook;
 )]
 pub mod manuals;
 pub mod render;
+pub mod ui;
 
 use std::ffi::OsString;
 use std::fs;
@@ -85,6 +86,18 @@ pub enum Command {
     Log(LogArgs),
     /// Show what changed between two checkpoints (or a checkpoint and now)
     Diff(DiffArgs),
+    /// Browse checkpoints, their changes and diffs in the terminal; restore with one key
+    #[command(
+        long_about = "Browse checkpoints, their changes and diffs in the terminal.\n\n\
+        A timeline of checkpoints (newest first), the paths the selected one changed \
+        (filter by typing after /), the selected file's diff (against the next checkpoint, \
+        now with n, or a marked checkpoint with m), and a path's history (H, or p to type \
+        one). r restores the selected file to the selected checkpoint, R rewinds the whole \
+        tree to it, u undoes the last rewind: each after a confirmation showing what changes \
+        and the id that undoes it, through the daemon as `checkpointfs rewind` does. ? lists \
+        the keys, q quits. With --state-dir it is read-only."
+    )]
+    Ui(UiArgs),
     /// Show tracked paths and their versions
     Status(StatusArgs),
     /// Drop old checkpoints and delete the backups nothing kept needs
@@ -385,6 +398,12 @@ pub struct LogArgs {
     pub session: Option<String>,
 }
 
+#[derive(Debug, Args)]
+pub struct UiArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+}
+
 /// Where a history command finds its data: MNT, or `--state-dir DIR` (exactly one).
 #[derive(Debug, Args)]
 pub struct TargetArgs {
@@ -570,6 +589,10 @@ where
             Err(code) => code,
         },
         Command::Diff(a) => diff(a),
+        Command::Ui(a) => match target(a.target) {
+            Ok(t) => ui::run(&t),
+            Err(code) => code,
+        },
         Command::Status(a) => match target(a.target) {
             Ok(t) => commands::status(&t, a.path.as_deref(), a.json),
             Err(code) => code,

@@ -34,7 +34,7 @@ pub struct DiffFormat {
 /// Both are in milliseconds, the precision the transcript keeps: a checkpoint's time must
 /// read the same from the daemon (which knows it to the nanosecond until it exits) and from
 /// the state dir (replayed from the transcript).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timestamp {
     pub time: String,
     pub time_unix_ns: i64,
@@ -300,62 +300,76 @@ impl History {
     /// [`attribute`]: a session's changes up to its own next checkpoint, everyone else's up
     /// to the tree's next one; the last: up to now); and what changed before the first.
     pub fn log_report(&self) -> io::Result<LogReport> {
-        let checkpoints = self.checkpoints();
-        let changers = self.changers_by_epoch()?;
-        let index = self.versions_by_checkpoint();
-        // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
-        // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
-        let (first_kept, history_dropped) = self.first_kept();
-        let point = |i: usize| {
-            if i < checkpoints.len() {
-                Point::Checkpoint(first_kept + i)
-            } else {
-                Point::Now
-            }
-        };
-        let sessions: Vec<Option<&str>> =
-            checkpoints.iter().map(|c| c.session.as_deref()).collect();
-        let next_own = next_of_same_session(&sessions);
-        let slots = attribute(&sessions, &changers);
-        let before_first = if history_dropped {
-            Vec::new()
-        } else {
-            let span = Span {
-                from: Point::Origin,
-                until: point(0),
-                own_until: point(0),
-                epoch: 0,
-            };
-            self.log_changes(&span, &slots[0], &changers, &index)?
-        };
-        let mut out = Vec::with_capacity(checkpoints.len());
-        for (i, c) in checkpoints.iter().enumerate() {
-            let own_next = next_own[i];
-            let span = Span {
-                from: point(i),
-                until: point(i + 1),
-                own_until: own_next.map_or(Point::Now, point),
-                epoch: i + 1,
-            };
-            let changes = self.log_changes(&span, &slots[i + 1], &changers, &index)?;
-            out.push(LogCheckpoint {
-                id: c.id.clone(),
-                time: Timestamp::of(c.time),
-                session: c.session.clone(),
-                until: checkpoints.get(i + 1).map(|n| n.id.clone()),
-                session_until: own_next.map(|j| checkpoints[j].id.clone()),
-                files_changed: changes.len(),
-                changes,
-            });
+        let log = self.log_index()?;
+        let before_first = self.log_before_first(&log)?;
+        let mut out = Vec::with_capacity(log.len());
+        for i in 0..log.len() {
+            out.push(self.log_checkpoint(&log, i)?);
         }
         Ok(LogReport {
             schema: LOG_SCHEMA.to_string(),
             before_first: LogSpan {
                 files_changed: before_first.len(),
                 changes: before_first,
-                dropped: history_dropped,
+                dropped: log.history_dropped,
             },
             checkpoints: out,
+        })
+    }
+
+    /// What the log of every checkpoint needs, read once (the transcript's changers, the
+    /// version index, the attribution); [`History::log_checkpoint`] then lists any one
+    /// checkpoint at the cost of its own changes, so a page of the log costs that page.
+    pub(crate) fn log_index(&self) -> io::Result<LogIndex> {
+        let checkpoints = self.checkpoints();
+        let changers = self.changers_by_epoch()?;
+        let index = self.versions_by_checkpoint();
+        // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
+        // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
+        let (first_kept, history_dropped) = self.first_kept();
+        let sessions: Vec<Option<&str>> =
+            checkpoints.iter().map(|c| c.session.as_deref()).collect();
+        let next_own = next_of_same_session(&sessions);
+        let slots = attribute(&sessions, &changers);
+        Ok(LogIndex {
+            checkpoints,
+            changers,
+            index,
+            first_kept,
+            history_dropped,
+            next_own,
+            slots,
+        })
+    }
+
+    /// What changed before the first checkpoint (nothing known if gc dropped older ones).
+    pub(crate) fn log_before_first(&self, log: &LogIndex) -> io::Result<Vec<LogChange>> {
+        if log.history_dropped {
+            return Ok(Vec::new());
+        }
+        let span = Span {
+            from: Point::Origin,
+            until: log.point(0),
+            own_until: log.point(0),
+            epoch: 0,
+        };
+        self.log_changes(&span, &log.slots[0], &log.changers, &log.index)
+    }
+
+    /// Checkpoint `i` (by position, oldest first) as `log` lists it.
+    pub(crate) fn log_checkpoint(&self, log: &LogIndex, i: usize) -> io::Result<LogCheckpoint> {
+        let c = &log.checkpoints[i];
+        let own_next = log.next_own[i];
+        let span = log.span(i);
+        let changes = self.log_changes(&span, &log.slots[i + 1], &log.changers, &log.index)?;
+        Ok(LogCheckpoint {
+            id: c.id.clone(),
+            time: Timestamp::of(c.time),
+            session: c.session.clone(),
+            until: log.checkpoints.get(i + 1).map(|n| n.id.clone()),
+            session_until: own_next.map(|j| log.checkpoints[j].id.clone()),
+            files_changed: changes.len(),
+            changes,
         })
     }
 
@@ -439,7 +453,7 @@ fn is_own_rewind(a: &crate::transcript::record::Actor) -> bool {
 
 impl Changers {
     /// Every process name, sorted, once (`checkpointfs` for a rewind).
-    fn actors(&self) -> Vec<String> {
+    pub(crate) fn actors(&self) -> Vec<String> {
         let mut all: BTreeSet<&str> = self
             .by_session
             .values()
@@ -452,7 +466,7 @@ impl Changers {
         all.into_iter().map(str::to_string).collect()
     }
 
-    fn sessions(&self) -> Vec<String> {
+    pub(crate) fn sessions(&self) -> Vec<String> {
         self.by_session.keys().flatten().cloned().collect()
     }
 }
@@ -466,6 +480,93 @@ struct Span {
     own_until: Point,
     /// The transcript epoch right after `from` (see [`History::changers_by_epoch`]).
     epoch: usize,
+}
+
+/// See [`History::log_index`].
+pub(crate) struct LogIndex {
+    /// The kept checkpoints, oldest first.
+    pub checkpoints: Vec<super::model::Checkpoint>,
+    changers: BTreeMap<(usize, String), Changers>,
+    index: super::changes::VersionIndex,
+    first_kept: usize,
+    history_dropped: bool,
+    next_own: Vec<Option<usize>>,
+    /// See [`attribute`]: slot `i + 1` is checkpoint `i`.
+    slots: Vec<BTreeMap<String, Attributed>>,
+}
+
+impl LogIndex {
+    pub fn len(&self) -> usize {
+        self.checkpoints.len()
+    }
+
+    /// Checkpoint `i` (by position) as a point; past the last: now.
+    pub fn point(&self, i: usize) -> Point {
+        if i < self.checkpoints.len() {
+            Point::Checkpoint(self.first_kept + i)
+        } else {
+            Point::Now
+        }
+    }
+
+    fn span(&self, i: usize) -> Span {
+        Span {
+            from: self.point(i),
+            until: self.point(i + 1),
+            own_until: self.next_own[i].map_or(Point::Now, |j| self.point(j)),
+            epoch: i + 1,
+        }
+    }
+
+    /// Where the change of `path` listed under checkpoint `i` is compared: from the
+    /// checkpoint to its session's next one when that session changed it, else to the
+    /// tree's next one (see [`attribute`]).
+    pub fn change_span(&self, i: usize, path: &str) -> (Point, Point) {
+        let span = self.span(i);
+        match self.slots[i + 1].get(path) {
+            Some(a) if a.own => (span.from, span.own_until),
+            _ => (span.from, span.until),
+        }
+    }
+
+    /// The processes and sessions recorded as changing `path` under checkpoint `i`.
+    pub fn changers_of(&self, i: usize, path: &str) -> (Vec<String>, Vec<String>) {
+        self.slots[i + 1]
+            .get(path)
+            .map(|a| (a.who.actors(), a.who.sessions()))
+            .unwrap_or_default()
+    }
+
+    /// Whether agent session `session` (see [`session_matches`]) took checkpoint `i` or is
+    /// recorded as changing something listed under it: the checkpoints `log --session` keeps.
+    pub fn concerns_session(&self, i: usize, session: &str) -> bool {
+        self.checkpoints[i]
+            .session
+            .as_deref()
+            .is_some_and(|s| session_matches(session, s))
+            || self.slots[i + 1].values().any(|a| {
+                a.who
+                    .by_session
+                    .keys()
+                    .flatten()
+                    .any(|s| session_matches(session, s))
+            })
+    }
+
+    /// Positions of the checkpoints `path` is attributed to (see [`attribute`]), and of
+    /// those whose next checkpoint (index in memory, from `made_at`) made a version of it:
+    /// the checkpoints whose listed changes may include it.
+    pub fn candidates_for(&self, path: &str, made_at: &[usize]) -> BTreeSet<usize> {
+        let mut out: BTreeSet<usize> = (0..self.len())
+            .filter(|&i| self.slots[i + 1].contains_key(path))
+            .collect();
+        for &k in made_at {
+            if k > self.first_kept && k - self.first_kept <= self.len() {
+                out.insert(k - self.first_kept - 1);
+            }
+        }
+        out
+    }
 }
 
 /// The changers of one path attributed to one checkpoint.
@@ -787,7 +888,7 @@ impl History {
     /// One path's diff. Memory stays bounded by [`LARGE_FILE`] per side whatever the sizes,
     /// but with `full` for text files, which are then read whole for a line diff (a sparse
     /// file never is text: its holes read as NUL bytes).
-    fn file_diff(
+    pub(crate) fn file_diff(
         &self,
         path: &str,
         change: ChangeKind,

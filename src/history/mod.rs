@@ -40,6 +40,7 @@
 //! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
 //! and never one inside the other.
 pub mod agent_state;
+pub mod browse;
 pub mod budget;
 pub mod changes;
 mod checkpoint;

@@ -33,7 +33,8 @@ pub const SOCKET_NAME: &str = "control.sock";
 /// formats (`json` on log, diff and status; `stat` on diff; `path_is_dir`) and `gc`. A daemon from
 /// before that sends none (read as 0) and ignores fields it does not know, answering in
 /// text: [`request`] refuses such an answer rather than pass text off as JSON.
-pub const PROTOCOL: u32 = 2;
+/// 3 added the browse requests (`checkpointfs ui`).
+pub const PROTOCOL: u32 = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -108,6 +109,40 @@ pub enum Request {
         #[serde(default)]
         json: bool,
     },
+    /// `checkpointfs ui` (protocol 3, each answered with a `checkpointfs.browse/1` document
+    /// from `history::browse`): the newest checkpoint, polled for new ones.
+    BrowseHead,
+    /// A page of the timeline, newest first.
+    BrowseTimeline {
+        offset: usize,
+        limit: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// A page of the paths checkpoint `id` lists, those containing `filter`.
+    BrowseChanges {
+        id: String,
+        offset: usize,
+        limit: usize,
+        #[serde(default)]
+        filter: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// Every checkpoint that lists a change of `path`.
+    BrowsePath {
+        path: String,
+    },
+    /// One file's diff from checkpoint `id`.
+    BrowseDiff {
+        id: String,
+        path: String,
+        against: crate::history::browse::Against,
+    },
+    /// The `ID:before-rewind` id a rewind to `id` would save the current state as now.
+    UndoId {
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -149,6 +184,12 @@ impl Request {
             } => u32::from(*json || path_is_dir.is_some()),
             // New with protocol 1: an older daemon refuses it anyway, as unknown.
             Request::Gc { .. } => 1,
+            Request::BrowseHead
+            | Request::BrowseTimeline { .. }
+            | Request::BrowseChanges { .. }
+            | Request::BrowsePath { .. }
+            | Request::BrowseDiff { .. }
+            | Request::UndoId { .. } => 3,
             // An older daemon only sends no progress lines.
             Request::Checkpoint { .. } | Request::Flush | Request::Rewind { .. } => 0,
         }
@@ -415,9 +456,11 @@ fn serve_connection(
                 _ => None,
             };
             let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match req {
-                Request::Checkpoint { .. } | Request::Flush => {
-                    handle(fs, req, session, &mut send_progress)
-                }
+                // Reads of memory only.
+                Request::Checkpoint { .. }
+                | Request::Flush
+                | Request::BrowseHead
+                | Request::UndoId { .. } => handle(fs, req, session, &mut send_progress),
                 Request::Gc { .. } => {
                     let _alone = maintenance.write().unwrap_or_else(|p| p.into_inner());
                     handle(fs, req, session, &mut send_progress)
@@ -615,6 +658,45 @@ fn handle(
                 });
                 json_document(&report)
             }),
+        Request::BrowseHead => json_document(&fs.history().browse_head()),
+        Request::UndoId { id } => fs
+            .history()
+            .point(&id)
+            .map(|_| fs.history().unused_rewind_id(&id)),
+        // The pages read the transcript (who changed what): make it complete first.
+        Request::BrowseTimeline {
+            offset,
+            limit,
+            session,
+        } => fs.history().flush().and_then(|()| {
+            json_document(
+                &fs.history()
+                    .timeline_page(offset, limit, session.as_deref())?,
+            )
+        }),
+        Request::BrowseChanges {
+            id,
+            offset,
+            limit,
+            filter,
+            session,
+        } => fs.history().flush().and_then(|()| {
+            json_document(&fs.history().changes_page(
+                &id,
+                offset,
+                limit,
+                &filter,
+                session.as_deref(),
+            )?)
+        }),
+        Request::BrowsePath { path } => fs
+            .history()
+            .flush()
+            .and_then(|()| json_document(&fs.history().path_history(&path)?)),
+        Request::BrowseDiff { id, path, against } => fs
+            .history()
+            .flush()
+            .and_then(|()| json_document(&fs.history().file_diff_of(&id, &path, &against)?)),
     };
     match result {
         Ok(out) => Response::ok(out),

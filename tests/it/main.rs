@@ -47,6 +47,7 @@ mod setid;
 mod sparse;
 mod state_dir;
 mod store_reflink;
+mod ui;
 mod watchdog;
 
 /// A test file left out of this list would silently never run.
