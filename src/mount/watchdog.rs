@@ -306,11 +306,23 @@ pub fn run(args: &[String]) -> i32 {
                     "watchdog: daemon {pid} died with a thread stuck on its own mount; aborting FUSE connection {conn}"
                 ),
                 _ => warn!(
-                    "watchdog: daemon {pid} has been stopped for {} s; aborting FUSE connection {conn} so that its callers are released",
+                    "watchdog: daemon {pid} has been stopped for {} s; aborting FUSE connection {conn} so that its callers are released, and killing the daemon",
                     STOPPED_BOUND.as_secs()
                 ),
             }
-            return abort_connection(&mut abort, conn);
+            let aborted = abort_connection(&mut abort, conn);
+            if state == DaemonState::Stopped {
+                // With FUSE over io_uring, a request the kernel handed to a ring entry of
+                // the stopped daemon waits for the daemon's thread to take it (the copy
+                // into its buffers runs as that thread's task work), and the abort cannot
+                // end it until that thread runs or dies: its caller stays unkillable. The
+                // mount is dead after the abort anyway, so the daemon dies too (its history
+                // is crash-safe: the next mount replays it).
+                if let Err(e) = crate::sys::pidfd_send_signal(&pidfd, libc::SIGKILL) {
+                    warn!("watchdog: cannot kill the stopped daemon {pid}: {e}");
+                }
+            }
+            return aborted;
         }
     }
 }

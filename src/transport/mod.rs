@@ -15,7 +15,9 @@
 pub mod abi;
 pub mod adapter;
 pub mod decode;
+pub mod dev;
 pub mod encode;
+pub mod session;
 pub mod uring;
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ mod setid;
 mod sparse;
 mod state_dir;
 mod store_reflink;
+mod transport;
 mod watchdog;
 
 /// A test file left out of this list would silently never run.
