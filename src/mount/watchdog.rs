@@ -11,8 +11,12 @@
 //!   and its caller cannot be killed, until it runs again.
 //!
 //! The kernel's own FUSE request timeout (Linux 6.14+, `FUSE_REQUEST_TIMEOUT` in INIT) would
-//! bound both, but fuser 0.18 cannot set `fuse_init_out.request_timeout`, and the
+//! bound both; our session does not set `fuse_init_out.request_timeout` yet, and the
 //! `fs.fuse.default_request_timeout` sysctl is machine-wide, so it is left to the admin.
+//!
+//! Over FUSE over io_uring a stopped daemon needs one more step: a request the kernel
+//! handed to one of its ring entries waits for the stopped thread to take it, and the
+//! abort does not end it; so after aborting, the watchdog kills a stopped daemon.
 //!
 //! It is a process, not a thread, so that whatever stops or kills the daemon leaves it
 //! running; it has its own process group, so a Ctrl-C meant for a foreground daemon does not
