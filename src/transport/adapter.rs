@@ -223,13 +223,15 @@ impl FuseAdapter {
                 return false;
             }
             Op::Lookup { name } => self.lookup(ino, name, out, unique),
-            Op::Getattr { fh } => match self.fs.getattr(ino, *fh) {
-                Ok((attr, ttl)) => {
-                    out.start(unique).attr(ttl, &attr);
-                    Ok(())
-                }
-                Err(e) => Err(fail("getattr", e)),
-            },
+            Op::Getattr { fh } => reply_with(
+                out,
+                unique,
+                "getattr",
+                self.fs.getattr(ino, *fh),
+                |o, (attr, ttl)| {
+                    o.attr(ttl, &attr);
+                },
+            ),
             Op::Setattr(s) => {
                 let set = SetAttr {
                     mode: s.mode,
@@ -240,21 +242,25 @@ impl FuseAdapter {
                     mtime: s.mtime,
                     fh: s.fh,
                 };
-                match self.fs.setattr(&caller(req), ino, set) {
-                    Ok((attr, ttl)) => {
-                        out.start(unique).attr(ttl, &attr);
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("setattr", e)),
-                }
+                reply_with(
+                    out,
+                    unique,
+                    "setattr",
+                    self.fs.setattr(&caller(req), ino, set),
+                    |o, (attr, ttl)| {
+                        o.attr(ttl, &attr);
+                    },
+                )
             }
-            Op::Readlink => match self.fs.readlink(ino) {
-                Ok(target) => {
-                    out.start(unique).data(&target);
-                    Ok(())
-                }
-                Err(e) => Err(fail("readlink", e)),
-            },
+            Op::Readlink => reply_with(
+                out,
+                unique,
+                "readlink",
+                self.fs.readlink(ino),
+                |o, target| {
+                    o.data(&target);
+                },
+            ),
             Op::Mknod {
                 name,
                 mode,
@@ -308,25 +314,29 @@ impl FuseAdapter {
             ),
             Op::Open { flags } => {
                 let make_backing = |fd: BorrowedFd<'_>| self.open_backing(fd);
-                match self.fs.open(&caller(req), ino, *flags, &make_backing) {
-                    Ok(o) => {
-                        out.start(unique).open(&open_of(&o));
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("open", e)),
-                }
+                reply_with(
+                    out,
+                    unique,
+                    "open",
+                    self.fs.open(&caller(req), ino, *flags, &make_backing),
+                    |reply, opened| {
+                        reply.open(&open_of(&opened));
+                    },
+                )
             }
             Op::Read {
                 fh, offset, size, ..
-            } => {
-                READ_BUF.with_borrow_mut(|buf| match self.fs.read(ino, *fh, *offset, *size, buf) {
-                    Ok(()) => {
-                        out.start(unique).data(buf);
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("read", e)),
-                })
-            }
+            } => READ_BUF.with_borrow_mut(|buf| {
+                reply_with(
+                    out,
+                    unique,
+                    "read",
+                    self.fs.read(ino, *fh, *offset, *size, buf),
+                    |o, ()| {
+                        o.data(buf);
+                    },
+                )
+            }),
             Op::Write {
                 fh,
                 offset,
@@ -336,21 +346,23 @@ impl FuseAdapter {
                 ..
             } => {
                 let kill_suidgid = write_flags & WriteFlags::FUSE_WRITE_KILL_SUIDGID.bits() != 0;
-                match self.fs.write(
-                    &caller(req),
-                    ino,
-                    *fh,
-                    *offset,
-                    data,
-                    kill_suidgid,
-                    *lock_owner,
-                ) {
-                    Ok(n) => {
-                        out.start(unique).written(n);
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("write", e)),
-                }
+                reply_with(
+                    out,
+                    unique,
+                    "write",
+                    self.fs.write(
+                        &caller(req),
+                        ino,
+                        *fh,
+                        *offset,
+                        data,
+                        kill_suidgid,
+                        *lock_owner,
+                    ),
+                    |o, n| {
+                        o.written(n);
+                    },
+                )
             }
             Op::Flush { fh, lock_owner } => match self.fs.flush(ino, *fh, *lock_owner) {
                 Ok(stale_attrs) => {
@@ -485,21 +497,23 @@ impl FuseAdapter {
                 flags,
             } => {
                 let make_backing = |fd: BorrowedFd<'_>| self.open_backing(fd);
-                match self.fs.create(
-                    &caller(req),
-                    ino,
-                    name,
-                    *mode,
-                    *umask,
-                    *flags,
-                    &make_backing,
-                ) {
-                    Ok((e, o)) => {
-                        out.start(unique).create(&entry_of(&e), &open_of(&o));
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("create", e)),
-                }
+                reply_with(
+                    out,
+                    unique,
+                    "create",
+                    self.fs.create(
+                        &caller(req),
+                        ino,
+                        name,
+                        *mode,
+                        *umask,
+                        *flags,
+                        &make_backing,
+                    ),
+                    |reply, (e, opened)| {
+                        reply.create(&entry_of(&e), &open_of(&opened));
+                    },
+                )
             }
             Op::Fallocate {
                 fh,
@@ -513,13 +527,15 @@ impl FuseAdapter {
                 self.fs.fallocate(*fh, *offset, *length, *mode),
             ),
             Op::Ioctl { cmd, .. } => Err(ioctl_unsupported(*cmd)),
-            Op::Lseek { fh, offset, whence } => match self.fs.lseek(*fh, *offset, *whence) {
-                Ok(off) => {
-                    out.start(unique).lseek(off);
-                    Ok(())
-                }
-                Err(e) => Err(fail("lseek", e)),
-            },
+            Op::Lseek { fh, offset, whence } => reply_with(
+                out,
+                unique,
+                "lseek",
+                self.fs.lseek(*fh, *offset, *whence),
+                |o, off| {
+                    o.lseek(off);
+                },
+            ),
             Op::CopyFileRange {
                 fh_in,
                 off_in,
@@ -528,20 +544,16 @@ impl FuseAdapter {
                 len,
                 flags,
                 ..
-            } => match self.fs.copy_file_range(
-                *fh_in,
-                *off_in,
-                *fh_out,
-                *off_out,
-                *len,
-                *flags as u32,
-            ) {
-                Ok(n) => {
-                    out.start(unique).written(n);
-                    Ok(())
-                }
-                Err(e) => Err(fail("copy_file_range", e)),
-            },
+            } => reply_with(
+                out,
+                unique,
+                "copy_file_range",
+                self.fs
+                    .copy_file_range(*fh_in, *off_in, *fh_out, *off_out, *len, *flags as u32),
+                |o, n| {
+                    o.written(n);
+                },
+            ),
             // Locks (the kernel keeps POSIX and flock locks itself when they are not
             // served), BMAP, POLL, STATX, TMPFILE, SYNCFS...: ENOSYS, which the kernel
             // remembers for most of them.
@@ -595,19 +607,32 @@ impl FuseAdapter {
     }
 }
 
+/// A successful `result`'s reply, its body written by `body`; else its errno.
+fn reply_with<T>(
+    out: &mut ReplyBuf,
+    unique: u64,
+    op: &str,
+    result: io::Result<T>,
+    body: impl FnOnce(&mut ReplyBuf, T),
+) -> Result<(), i32> {
+    match result {
+        Ok(v) => {
+            body(out.start(unique), v);
+            Ok(())
+        }
+        Err(e) => Err(fail(op, e)),
+    }
+}
+
 fn reply_entry(
     out: &mut ReplyBuf,
     unique: u64,
     op: &str,
     result: io::Result<crate::fs::Entry>,
 ) -> Result<(), i32> {
-    match result {
-        Ok(e) => {
-            out.start(unique).entry(&entry_of(&e));
-            Ok(())
-        }
-        Err(e) => Err(fail(op, e)),
-    }
+    reply_with(out, unique, op, result, |o, e| {
+        o.entry(&entry_of(&e));
+    })
 }
 
 fn reply_empty(
@@ -616,13 +641,7 @@ fn reply_empty(
     op: &str,
     result: io::Result<()>,
 ) -> Result<(), i32> {
-    match result {
-        Ok(()) => {
-            out.start(unique);
-            Ok(())
-        }
-        Err(e) => Err(fail(op, e)),
-    }
+    reply_with(out, unique, op, result, |_, ()| {})
 }
 
 /// No ioctl is supported: every one is answered ENOTTY ("not a terminal / no such ioctl"),
