@@ -455,33 +455,11 @@ impl FuseAdapter {
                 "setxattr",
                 self.fs.setxattr(&caller(req), ino, name, value, *flags),
             ),
-            Op::Getxattr { name, size } => READ_BUF.with_borrow_mut(|buf| {
-                buf.resize(*size as usize, 0);
-                match self.fs.getxattr(ino, name, buf) {
-                    Ok(n) if *size == 0 => {
-                        out.start(unique).xattr_size(n as u32);
-                        Ok(())
-                    }
-                    Ok(n) => {
-                        out.start(unique).data(&buf[..n]);
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("getxattr", e)),
-                }
+            Op::Getxattr { name, size } => reply_xattr(out, unique, "getxattr", *size, |buf| {
+                self.fs.getxattr(ino, name, buf)
             }),
-            Op::Listxattr { size } => READ_BUF.with_borrow_mut(|buf| {
-                buf.resize(*size as usize, 0);
-                match self.fs.listxattr(ino, buf) {
-                    Ok(n) if *size == 0 => {
-                        out.start(unique).xattr_size(n as u32);
-                        Ok(())
-                    }
-                    Ok(n) => {
-                        out.start(unique).data(&buf[..n]);
-                        Ok(())
-                    }
-                    Err(e) => Err(fail("listxattr", e)),
-                }
+            Op::Listxattr { size } => reply_xattr(out, unique, "listxattr", *size, |buf| {
+                self.fs.listxattr(ino, buf)
             }),
             Op::Removexattr { name } => reply_empty(
                 out,
@@ -622,6 +600,28 @@ fn reply_with<T>(
         }
         Err(e) => Err(fail(op, e)),
     }
+}
+
+/// GETXATTR/LISTXATTR of `size` bytes: with size 0 the size the value needs, else the value
+/// (`get` fills the buffer of `size` bytes and returns the length, or ERANGE).
+fn reply_xattr(
+    out: &mut ReplyBuf,
+    unique: u64,
+    op: &str,
+    size: u32,
+    get: impl FnOnce(&mut Vec<u8>) -> io::Result<usize>,
+) -> Result<(), i32> {
+    READ_BUF.with_borrow_mut(|buf| {
+        buf.resize(size as usize, 0);
+        let got = get(buf);
+        reply_with(out, unique, op, got, |o, n| {
+            if size == 0 {
+                o.xattr_size(n as u32);
+            } else {
+                o.data(&buf[..n]);
+            }
+        })
+    })
 }
 
 fn reply_entry(
