@@ -7,7 +7,7 @@ export LC_ALL=C
 
 usage() {
     cat <<'EOF'
-usage: scripts/posix-suites.sh [--no-passthrough] [--only SUITES] [--no-xfstests]
+usage: scripts/posix-suites.sh [--no-passthrough] [--no-io-uring] [--only SUITES] [--no-xfstests]
                                [--baseline-only] [--bin PATH] [--results DIR]
                                [--summary FILE] [--help]
 
@@ -35,6 +35,10 @@ Every mount is unmounted on every exit path; no daemon is left running.
 
 Options:
   --no-passthrough   mount with --no-passthrough (FUSE read/write instead of kernel passthrough)
+  --no-io-uring      mount with --no-io-uring (requests over /dev/fuse even where FUSE over
+                     io_uring is offered); the mode's name gets "-dev-fuse". The transport
+                     `checkpointfs status` reports is checked: /dev/fuse with this option,
+                     io_uring without it while /sys/module/fuse/parameters/enable_uring is Y
   --only SUITES      run only these suites (comma-separated: pjdfstest,fsx,xfstests)
   --no-xfstests      run pjdfstest and fsx only
   --baseline-only    only run pjdfstest on the ext4 baseline (no binary needed)
@@ -60,6 +64,7 @@ CPFS_WHO=posix-suites
 source "$ROOT/scripts/lib/mounts.sh"
 
 MODE=passthrough
+NO_IO_URING=0
 MOUNT_ARGS=(--allow-other)
 BASELINE_ONLY=0
 SUITES=pjdfstest,fsx,xfstests
@@ -69,6 +74,7 @@ SUMMARY=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --no-passthrough) MODE=no-passthrough; MOUNT_ARGS+=(--no-passthrough) ;;
+        --no-io-uring) NO_IO_URING=1; MOUNT_ARGS+=(--no-io-uring) ;;
         --baseline-only) BASELINE_ONLY=1 ;;
         --only) SUITES=${2:?--only needs a comma-separated list of pjdfstest,fsx,xfstests}; shift ;;
         --no-xfstests) SUITES=pjdfstest,fsx ;;
@@ -81,6 +87,7 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 
+[[ $NO_IO_URING == 0 ]] || MODE=$MODE-dev-fuse
 die() { echo "posix-suites: ERROR: $*" >&2; exit 2; }
 want() { [[ ,$SUITES, == *,$1,* ]]; }
 IFS=, read -r -a _suites <<<"$SUITES"
@@ -361,6 +368,14 @@ if want pjdfstest || want fsx; then
     cpfs_mount "$BIN" "$SRC" "$MNT" "$STATE" "$DAEMON_LOG" "${MOUNT_ARGS[@]}" \
         || { fail "could not mount $SRC at $MNT (${MOUNT_ARGS[*]})"; exit 1; }
     echo "posix-suites: mounted $SRC at $MNT (${MOUNT_ARGS[*]})" >&2
+    # The suites must run on the transport this mode is about.
+    TRANSPORT=$("$BIN" status "$MNT" | sed -n 's/^transport: *//p')
+    echo "posix-suites: transport: ${TRANSPORT:-(not reported)}" >&2
+    if [[ $NO_IO_URING == 1 ]]; then
+        [[ $TRANSPORT == "/dev/fuse"* ]] || { fail "--no-io-uring mount reports transport '$TRANSPORT', not /dev/fuse"; exit 1; }
+    elif [[ $(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null) == Y ]]; then
+        [[ $TRANSPORT == "io_uring"* ]] || { fail "enable_uring is on but the mount reports transport '$TRANSPORT', not io_uring"; exit 1; }
+    fi
     want pjdfstest && pjd_mount_and_compare
     want fsx && fsx_suite
 

@@ -25,8 +25,11 @@ Runs, stopping at the first failure with a clear message:
                                                  fuzz/artifacts/TARGET/ and the command
                                                  that replays it is printed)
   6. scripts/posix-suites.sh                    (pjdfstest vs ext4 baseline + fsx,
-                                                 default kernel-passthrough mode)
+                                                 default kernel-passthrough mode, FUSE
+                                                 over io_uring)
   7. scripts/posix-suites.sh --no-passthrough   (same, FUSE read/write mode)
+  7b. scripts/posix-suites.sh --no-io-uring     (same as 6 over /dev/fuse: both
+                                                 transports give the same results)
   8. scripts/posix-suites.sh --only xfstests    (xfstests generic/quick through
                                                  checkpointfs vs ext4 loop images,
                                                  default mode, about 25 minutes;
@@ -39,6 +42,10 @@ Runs, stopping at the first failure with a clear message:
 Options:
   --quick     skip the POSIX suites (steps 6 to 9)
   -h, --help  this text
+
+The fuse module's enable_uring parameter (/sys/module/fuse/parameters/enable_uring) is
+switched on for the run, so that mounts use FUSE over io_uring, and put back as it was on
+every exit path (the daemon never changes it: it is the host's setting).
 
 Needs root for the FUSE mounts and pjdfstest. Everything mounted below the run's
 scratch dir (/var/tmp/cpt.XXXXXX, also used as TMPDIR for cargo test) is unmounted on
@@ -90,6 +97,17 @@ RUN_PID= TAIL_PID=   # background step (see run_logged)
 
 CURRENT_STEP=setup
 T_START=$EPOCHREALTIME
+# FUSE over io_uring for the run's mounts (Linux 6.14+; the tests that need one transport
+# or the other set it themselves and put it back). Restored by cleanup on every exit path.
+ENABLE_URING=/sys/module/fuse/parameters/enable_uring
+ENABLE_URING_WAS=
+restore_enable_uring() {
+    if [[ -n $ENABLE_URING_WAS ]]; then
+        echo "$ENABLE_URING_WAS" > "$ENABLE_URING" 2>/dev/null \
+            || echo "test.sh: warning: could not put $ENABLE_URING back to $ENABLE_URING_WAS" >&2
+        ENABLE_URING_WAS=
+    fi
+}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM HUP
@@ -109,6 +127,7 @@ cleanup() {
     if ! cpfs_cleanup_under "${BIN:-/nonexistent}" "$TEST_ROOT"; then
         echo "test.sh: cleaned up leftover mounts/daemons under $TEST_ROOT" >&2
     fi
+    restore_enable_uring
     if cpfs_any_mount_under "$TEST_ROOT"; then
         echo "test.sh: warning: something is still mounted under $TEST_ROOT; leaving it" >&2
     else
@@ -127,6 +146,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
+if [[ -w $ENABLE_URING ]]; then
+    ENABLE_URING_WAS=$(cat "$ENABLE_URING")
+    echo Y > "$ENABLE_URING" || { echo "test.sh: cannot switch $ENABLE_URING on" >&2; exit 1; }
+else
+    echo "test.sh: warning: no writable $ENABLE_URING (kernel before 6.14, or not root): every mount uses /dev/fuse" >&2
+fi
 
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
 STEPS_DONE=()
@@ -242,6 +267,8 @@ if [[ $QUICK == 0 ]]; then
         posix passthrough --no-xfstests
     step "posix no-passthrough" "pjdfstest regression vs ext4 or fsx failure (--no-passthrough); log $LOGDIR/posix-no-passthrough.log" \
         posix no-passthrough --no-passthrough --no-xfstests
+    step "posix dev-fuse" "pjdfstest regression vs ext4 or fsx failure (--no-io-uring: requests over /dev/fuse); log $LOGDIR/posix-dev-fuse.log" \
+        posix dev-fuse --no-io-uring --no-xfstests
     # xfstests generic/quick, default mode (issue 14); CPFS_XFSTESTS=0 skips it (a quicker
     # local run: it takes about 25 minutes on 2 cores).
     [[ ${CPFS_XFSTESTS:-1} == 1 ]] && step "xfstests" "an xfstests test passes on ext4 and fails through checkpointfs (default mode), not listed in tests/posix/xfstests-exceptions.txt; log $LOGDIR/posix-xfstests.log" \
@@ -250,7 +277,7 @@ if [[ $QUICK == 0 ]]; then
     # would not fit .ci/run's budget).
     [[ ${CPFS_XFSTESTS:-1} == 1 ]] && step "xfstests no-passthrough" "an xfstests test of issue 14's fixes passes on ext4 and fails through checkpointfs --no-passthrough; log $LOGDIR/posix-xfstests-np.log" \
         xfstests_fixes_no_passthrough
-    POSIX_MODES=(passthrough no-passthrough)
+    POSIX_MODES=(passthrough no-passthrough dev-fuse)
     for m in "${POSIX_MODES[@]}"; do
         # shellcheck disable=SC1090
         ( source "$LOGDIR/posix-$m.env"; echo "$MOUNT_PASS $MOUNT_FAIL $MOUNT_SKIP $FSX_OK $BASE_PASS $BASE_FAIL $BASE_SKIP" ) \

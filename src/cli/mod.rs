@@ -239,10 +239,15 @@ pub struct MountArgs {
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub threads: Option<usize>,
 
-    /// Accepted and ignored, for scripts written for earlier versions: requests always
-    /// travel over /dev/fuse (FUSE over io_uring is not used)
+    /// Serve requests over /dev/fuse even where the kernel offers FUSE over io_uring
+    /// (Linux 6.14+ with the fuse module's enable_uring on; `status` says which is in use)
     #[arg(long)]
     pub no_io_uring: bool,
+
+    /// Tests only (tests/it/watchdog.rs): ring requests for two reserved xattr names park
+    /// their thread, in the daemon or awaiting commit, for good
+    #[arg(long, hide = true)]
+    pub test_park_ring_requests: bool,
 
     /// Do not use the kernel's FUSE passthrough for open files: every read and write then
     /// goes through the daemon (slower; for debugging or kernels without passthrough)
@@ -773,6 +778,8 @@ fn mount(a: MountArgs) -> i32 {
         no_respect_gitignore: a.no_respect_gitignore,
         threads: a.threads,
         no_passthrough: a.no_passthrough,
+        no_io_uring: a.no_io_uring,
+        test_park: a.test_park_ring_requests,
         allow_other: a.allow_other,
         other_users_budget: a.other_users_budget,
         durability: a.durability,

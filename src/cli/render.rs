@@ -395,6 +395,9 @@ impl StatusReport {
                 Some(why) => format!("served by the daemon (kernel passthrough is off: {why})"),
             };
             let _ = writeln!(out, "file io:        {how}");
+            if let Some(transport) = &io.transport {
+                let _ = writeln!(out, "transport:      {transport}");
+            }
             let mounted_by = if let Some(owner) = io.owner_uid {
                 format!("root (mount(2)) for uid {owner} (--owner: only that user may use it)")
             } else if io.daemon_uid == 0 {

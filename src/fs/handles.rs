@@ -8,8 +8,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use fuser::BackingId;
-
 use super::gate::WritableFd;
 use super::inodes::{Inode, Pin};
 use crate::sys::DirStream;
@@ -36,7 +34,7 @@ pub struct FileHandle {
     /// Keeps the inode's O_PATH fd cached while the handle is open (inodes invariant 6).
     pub _pin: Pin,
     /// Kept alive while the handle is open (see `Inode::backing`).
-    pub backing: Option<Arc<BackingId>>,
+    pub backing: Option<Arc<dyn super::BackingFile>>,
 }
 
 impl FileHandle {
@@ -44,7 +42,7 @@ impl FileHandle {
         fd: HandleFd,
         inode: Arc<Inode>,
         pin: Pin,
-        backing: Option<Arc<BackingId>>,
+        backing: Option<Arc<dyn super::BackingFile>>,
     ) -> FileHandle {
         FileHandle {
             fd,

@@ -69,7 +69,6 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
-use fuser::BackingId;
 use log::{info, warn};
 
 use crate::sys::{self, FileId, errno};
@@ -144,7 +143,7 @@ pub struct Inode {
     /// The kernel wants one backing file per inode for all passthrough opens; handles hold
     /// the strong references, so the backing id closes when the last handle is released.
     /// Lock order: a leaf, held across the backing-open ioctl only (one per inode).
-    pub backing: Mutex<Weak<BackingId>>,
+    pub backing: Mutex<Option<Weak<dyn super::BackingFile>>>,
 }
 
 impl std::fmt::Debug for Inode {
@@ -435,7 +434,7 @@ impl InodeTable {
                 me: me.clone(),
                 shared: weak_shared.clone(),
                 lookups: AtomicU64::new(1),
-                backing: Mutex::new(Weak::new()),
+                backing: Mutex::new(None),
             });
             let mut inner = Inner::default();
             inner.by_key.insert(root.key, ROOT_INO);
@@ -586,7 +585,7 @@ impl InodeTable {
             me: me.clone(),
             shared: Arc::downgrade(&self.shared),
             lookups: AtomicU64::new(1),
-            backing: Mutex::new(Weak::new()),
+            backing: Mutex::new(None),
         });
         inner.by_key.insert(key, ino);
         inner.by_ino.insert(ino, inode.clone());

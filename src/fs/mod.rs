@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{BackingId, FileAttr, FileType, INodeNo, TimeOrNow};
+use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
 use log::{info, warn};
 
 use self::gate::Gate;
@@ -73,7 +73,7 @@ pub struct Entry {
 /// An opened file: `backing` is set when kernel passthrough serves its IO.
 pub struct Opened {
     pub fh: u64,
-    pub backing: Option<Arc<BackingId>>,
+    pub backing: Option<Arc<dyn BackingFile>>,
     pub direct_io: bool,
     pub keep_cache: bool,
     /// The kernel must send FLUSH at close(2), which waits for it (RELEASE comes
@@ -100,9 +100,27 @@ pub struct OpenedDir {
     pub cache_listing: bool,
 }
 
-/// Registers an open file as the kernel's backing file for passthrough (the adapter's
+/// A file the kernel serves passthrough IO from: registered by the transport
+/// (FUSE_DEV_IOC_BACKING_OPEN), unregistered when the last reference is dropped. The core
+/// only hands it on and keeps it alive; the transport owns the device and the ioctls.
+pub trait BackingFile: Send + Sync {
+    /// The id the kernel gave it, for the OPEN/CREATE reply.
+    fn id(&self) -> u32;
+}
+
+/// Registers an open file as the kernel's backing file for passthrough (the transport's
 /// FUSE_DEV_IOC_BACKING_OPEN); `None` where no kernel open is behind a handle.
-type MakeBacking<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>;
+pub type MakeBacking<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<Arc<dyn BackingFile>>;
+
+/// How the core tells the kernel what the daemon changed on its own (FUSE notifications,
+/// sent by the transport on `/dev/fuse`).
+pub trait KernelNotifier: Send + Sync {
+    /// Drops the kernel's dentry of `name` in `parent` (FUSE_NOTIFY_INVAL_ENTRY).
+    fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()>;
+    /// Drops the kernel's cached attributes of `ino`, and its pages from `offset` for `len`
+    /// bytes (0: to the end) unless `offset` is negative (FUSE_NOTIFY_INVAL_INODE).
+    fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> io::Result<()>;
+}
 
 /// What a setattr request asks for (the core's own view of it, not fuser's).
 #[derive(Default)]
@@ -151,7 +169,7 @@ pub struct PassthroughFs {
     mount_dev: std::sync::OnceLock<(u32, u32)>,
     /// How the daemon tells the kernel what it changed on its own (a rewind) or behind a
     /// passthrough mapping: set once the FUSE session exists; until then nothing is cached.
-    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    notifier: Arc<std::sync::OnceLock<Box<dyn KernelNotifier>>>,
 }
 
 /// A failed cache notification: ENOENT (nothing cached) is normal, anything else is logged
@@ -219,7 +237,7 @@ impl PassthroughFs {
     }
 
     /// Where the daemon puts the session's notifier (the session is built after the core).
-    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<Box<dyn KernelNotifier>>> {
         self.notifier.clone()
     }
 
@@ -229,7 +247,7 @@ impl PassthroughFs {
     /// logged once, since a stale entry only delays what a lookup sees.
     pub fn kernel_forget_entry(&self, parent: u64, name: &OsStr) {
         if let Some(n) = self.notifier.get() {
-            note_notify_error(n.inval_entry(fuser::INodeNo(parent), name));
+            note_notify_error(n.inval_entry(parent, name));
         }
     }
 
@@ -239,7 +257,7 @@ impl PassthroughFs {
     pub fn kernel_forget_inode(&self, ino: u64, content: bool) {
         if let Some(n) = self.notifier.get() {
             let offset = if content { 0 } else { -1 };
-            note_notify_error(n.inval_inode(fuser::INodeNo(ino), offset, 0));
+            note_notify_error(n.inval_inode(ino, offset, 0));
         }
     }
 
@@ -705,7 +723,7 @@ impl PassthroughFs {
         caller: &Caller,
         ino: u64,
         flags: i32,
-        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+        make_backing: MakeBacking<'_>,
     ) -> io::Result<Opened> {
         if virt::is_virtual(ino) {
             return self.virt.open(self, ino, flags);
@@ -781,16 +799,15 @@ impl PassthroughFs {
         &self,
         inode: &Inode,
         fd: BorrowedFd<'_>,
-        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
-    ) -> Option<Arc<BackingId>> {
+        make_backing: MakeBacking<'_>,
+    ) -> Option<Arc<dyn BackingFile>> {
         let mut slot = inode.backing.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = slot.upgrade() {
+        if let Some(existing) = slot.as_ref().and_then(|w| w.upgrade()) {
             return Some(existing);
         }
         match make_backing(fd) {
             Ok(id) => {
-                let id = Arc::new(id);
-                *slot = Arc::downgrade(&id);
+                *slot = Some(Arc::downgrade(&id));
                 Some(id)
             }
             Err(e) => {
@@ -812,7 +829,7 @@ impl PassthroughFs {
         mode: u32,
         umask: u32,
         flags: i32,
-        make_backing: &dyn Fn(BorrowedFd<'_>) -> io::Result<BackingId>,
+        make_backing: MakeBacking<'_>,
     ) -> io::Result<(Entry, Opened)> {
         self.create_with(
             caller,

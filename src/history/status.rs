@@ -56,6 +56,13 @@ pub struct IoMode {
     pub mount_options: String,
     /// The mount is read-only now: `-o ro`, or a later `mount -o remount,ro`.
     pub read_only: bool,
+    /// What FUSE requests travel over: "io_uring (N queues, ...)" or "/dev/fuse (why not
+    /// io_uring)". Absent from daemons before it was reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    /// FUSE over io_uring is in use.
+    #[serde(default)]
+    pub io_uring: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -655,6 +655,11 @@ fn handle(
                     owner_uid: fs.owner().map(|o| o.uid),
                     mount_options: fs.mount_info().1.list.clone(),
                     read_only: mounted_read_only(fs),
+                    transport: Some(crate::transport::session::transport().describe()),
+                    io_uring: matches!(
+                        crate::transport::session::transport(),
+                        crate::transport::session::Transport::IoUring { .. }
+                    ),
                 });
                 json_document(&report)
             }),

@@ -10,6 +10,10 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     pub threads: usize,
     pub passthrough: bool,
+    /// Use FUSE over io_uring where the kernel offers it (not `--no-io-uring`).
+    pub io_uring: bool,
+    /// The hidden `--test-park-ring-requests` (see `transport::session::SessionConfig`).
+    pub test_park: bool,
     pub allow_other: bool,
     /// As root, mount for this normal user (`--owner`): the kernel lets only that user's
     /// processes use the mount, and the control socket is theirs.
@@ -26,12 +30,12 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use fuser::{Config, Session, SessionACL};
 use log::{info, warn};
 
 use crate::fs::{FsConfig, PassthroughFs};
 use crate::history::{CONTROL_DIR_NAME, HistoryConfig, open_history};
 use crate::transport::adapter::FuseAdapter;
+use crate::transport::session::SessionConfig;
 
 /// Mounts `cfg.source` at `cfg.mountpoint` and serves until the mount is unmounted from
 /// outside (`umount MNT`) or SIGINT/SIGTERM arrives; then flushes history and transcript.
@@ -150,18 +154,18 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     )?);
     let control = crate::mount::control_socket::start_server(fs.clone(), &cfg.state_dir)?;
 
-    let mut options = Config::default();
-    options.n_threads = Some(cfg.threads.max(1));
-    options.clone_fd = true;
     // A mount for an owner serves requests from that user, not from us: the kernel already
-    // admits only the owner's processes (`user_id`/`group_id` below).
-    let acl = if cfg.allow_other || cfg.owner.is_some() {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
+    // admits only the owner's processes (`user_id`/`group_id` of the mount).
+    let session_cfg = SessionConfig {
+        threads: cfg.threads.max(1),
+        owner_only: !(cfg.allow_other || cfg.owner.is_some()),
+        io_uring: cfg.io_uring,
+        test_park: cfg.test_park,
+        on_fatal: Arc::new({
+            let mountpoint = cfg.mountpoint.clone();
+            move |why: &str| end_connection(why, &mountpoint)
+        }),
     };
-    options.acl = acl;
-    let adapter = FuseAdapter::new(fs.clone());
     let notifier_slot = fs.notifier_slot();
     // As root, mount ourselves so the type reads `fuse.checkpointfs`; a normal user cannot
     // mount(2) and may not even open /dev/fuse, so the setuid fusermount3 mounts for it.
@@ -188,8 +192,9 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             cfg.mountpoint.display()
         ),
     }
-    let session = Session::from_fd(adapter, dev, acl, options)?;
-    let _ = notifier_slot.set(session.notifier());
+    let dev = Arc::new(dev);
+    let adapter = Arc::new(FuseAdapter::new(fs.clone(), dev.clone()));
+    let _ = notifier_slot.set(Box::new(crate::transport::dev::Notifier::new(dev.clone())));
     info!(
         "mounted {} at {} (state {}, {} threads, durability {})",
         cfg.source.display(),
@@ -214,7 +219,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         .spawn(move || wait_for_signal_then_unmount(signals, &mountpoint))?;
     on_ready();
 
-    let served = session.run();
+    let served = crate::transport::session::run(adapter, dev, session_cfg);
     // If the session ended on an error (not an unmount), do not leave a dead mount behind.
     if served.is_err() {
         let _ = lazy_unmount(&cfg.mountpoint);
@@ -247,6 +252,20 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
     history.shutdown()?;
     info!("{}", history.layer1_stats());
     served
+}
+
+/// A ring queue failed while the connection is on the ring: its CPU's callers would wait
+/// for good. The mount is detached and the process exits, which closes every /dev/fuse fd
+/// and so aborts the connection: every waiting caller gets ENOTCONN. (If a thread of ours is
+/// stuck on our own mount and the exit cannot finish, the watchdog aborts the connection.)
+/// The history needs no flush: what it has recorded is on disk per its durability, and
+/// pending copies are redone at the next mount.
+fn end_connection(why: &str, mountpoint: &std::path::Path) {
+    log::error!("{why}; ending the FUSE connection (the daemon exits)");
+    if let Err(e) = lazy_unmount(mountpoint) {
+        warn!("detaching {} failed: {e}", mountpoint.display());
+    }
+    std::process::exit(70);
 }
 
 /// Opens /dev/fuse and mounts it at the mount point as `fuse.checkpointfs`, with

@@ -42,6 +42,10 @@ pub struct MountRequest {
     /// Worker threads (`None`: one per CPU).
     pub threads: Option<usize>,
     pub no_passthrough: bool,
+    /// `--no-io-uring`: requests over /dev/fuse even where FUSE over io_uring is offered.
+    pub no_io_uring: bool,
+    /// The hidden `--test-park-ring-requests` (tests only).
+    pub test_park: bool,
     pub allow_other: bool,
     /// `--other-users-budget`; `None`: the saved one, or the default.
     pub other_users_budget: Option<OthersBudget>,
@@ -152,6 +156,8 @@ pub fn prepare(req: &MountRequest) -> Result<DaemonConfig, MountError> {
         state_dir: paths.state_dir,
         threads,
         passthrough: !req.no_passthrough,
+        io_uring: !req.no_io_uring,
+        test_park: req.test_park,
         allow_other: req.allow_other,
         owner,
         exclusions,

@@ -11,8 +11,12 @@
 //!   and its caller cannot be killed, until it runs again.
 //!
 //! The kernel's own FUSE request timeout (Linux 6.14+, `FUSE_REQUEST_TIMEOUT` in INIT) would
-//! bound both, but fuser 0.18 cannot set `fuse_init_out.request_timeout`, and the
+//! bound both; our session does not set `fuse_init_out.request_timeout` yet, and the
 //! `fs.fuse.default_request_timeout` sysctl is machine-wide, so it is left to the admin.
+//!
+//! Over FUSE over io_uring a stopped daemon needs one more step: a request the kernel
+//! handed to one of its ring entries waits for the stopped thread to take it, and the
+//! abort does not end it; so after aborting, the watchdog kills a stopped daemon.
 //!
 //! It is a process, not a thread, so that whatever stops or kills the daemon leaves it
 //! running; it has its own process group, so a Ctrl-C meant for a foreground daemon does not
@@ -306,11 +310,23 @@ pub fn run(args: &[String]) -> i32 {
                     "watchdog: daemon {pid} died with a thread stuck on its own mount; aborting FUSE connection {conn}"
                 ),
                 _ => warn!(
-                    "watchdog: daemon {pid} has been stopped for {} s; aborting FUSE connection {conn} so that its callers are released",
+                    "watchdog: daemon {pid} has been stopped for {} s; aborting FUSE connection {conn} so that its callers are released, and killing the daemon",
                     STOPPED_BOUND.as_secs()
                 ),
             }
-            return abort_connection(&mut abort, conn);
+            let aborted = abort_connection(&mut abort, conn);
+            if state == DaemonState::Stopped {
+                // With FUSE over io_uring, a request the kernel handed to a ring entry of
+                // the stopped daemon waits for the daemon's thread to take it (the copy
+                // into its buffers runs as that thread's task work), and the abort cannot
+                // end it until that thread runs or dies: its caller stays unkillable. The
+                // mount is dead after the abort anyway, so the daemon dies too (its history
+                // is crash-safe: the next mount replays it).
+                if let Err(e) = crate::sys::pidfd_send_signal(&pidfd, libc::SIGKILL) {
+                    warn!("watchdog: cannot kill the stopped daemon {pid}: {e}");
+                }
+            }
+            return aborted;
         }
     }
 }

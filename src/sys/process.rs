@@ -16,6 +16,31 @@ pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `pidfd_send_signal(pidfd, sig)`: signals the process `pidfd` refers to, which cannot be
+/// another process that reused its pid.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "pidfd_send_signal has no libc wrapper; it signals a process and changes no file"
+)]
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal(2) takes an fd, a signal number, a null siginfo and flags 0.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// `close_range(first, ~0, 0)`: closes every descriptor from `first` up. Best effort (an
 /// old kernel without it leaves them open).
 #[allow(

@@ -121,6 +121,41 @@ pub const FUSE_OVER_IO_URING: u64 = 1 << 41;
 pub const FUSE_SETXATTR_EXT: u64 = 1 << 29;
 /// INIT flag bit 22: `max_pages` in the reply is valid.
 pub const FUSE_MAX_PAGES: u64 = 1 << 22;
+/// Notification codes (`enum fuse_notify_code`), sent in `fuse_out_header.error`.
+pub const FUSE_NOTIFY_INVAL_INODE: i32 = 2;
+pub const FUSE_NOTIFY_INVAL_ENTRY: i32 = 3;
+
+/// `FUSE_DEV_IOC_BACKING_OPEN`'s argument.
+#[repr(C)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
+pub struct fuse_backing_map {
+    pub fd: i32,
+    pub flags: u32,
+    pub padding: u64,
+}
+
+#[repr(C)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
+pub struct fuse_notify_inval_inode_out {
+    pub ino: u64,
+    pub off: i64,
+    pub len: i64,
+}
+
+/// Followed by the name and a NUL.
+#[repr(C)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
+pub struct fuse_notify_inval_entry_out {
+    pub parent: u64,
+    pub namelen: u32,
+    pub flags: u32,
+}
 
 #[repr(C)]
 #[derive(
@@ -737,4 +772,7 @@ const _: () = {
     assert!(size_of::<fuse_uring_ent_in_out>() == 32);
     assert!(size_of::<fuse_uring_req_header>() == 288);
     assert!(size_of::<fuse_uring_cmd_req>() == 24);
+    assert!(size_of::<fuse_backing_map>() == 16);
+    assert!(size_of::<fuse_notify_inval_inode_out>() == 24);
+    assert!(size_of::<fuse_notify_inval_entry_out>() == 16);
 };

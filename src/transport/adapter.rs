@@ -1,73 +1,102 @@
-//! The FUSE protocol adapter: decode a request, call [`PassthroughFs`], encode the reply.
+//! The FUSE protocol adapter: a decoded request in, [`PassthroughFs`] called, the reply
+//! encoded. Both transports (`/dev/fuse` and io_uring, see [`super::session`]) call
+//! [`FuseAdapter::dispatch`]; it neither reads nor writes the device itself, except for
+//! registering passthrough backing files ([`super::dev::BackingId`]).
 //!
 //! No filesystem logic lives here. [`errno_of`] is the one mapping from `io::Error` to an
 //! errno; every failed request goes through it.
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
-};
+use fuser::{FileType, FopenFlags, INodeNo, InitFlags, WriteFlags};
 use log::{debug, info, warn};
 
-use crate::fs::{Opened, PassthroughFs, SetAttr};
+use super::abi;
+use super::decode::{Op, Request};
+use super::encode::{Entry, Open, ReplyBuf, Statfs};
+use crate::fs::{BackingFile, Opened, PassthroughFs, SetAttr};
 use crate::history::Caller;
 
 /// Largest write the kernel may send; libfuse's passthrough_hp uses the same.
-const MAX_WRITE: u32 = 4 * 1024 * 1024;
+pub const MAX_WRITE: u32 = 4 * 1024 * 1024;
+/// The most background requests (readahead, async direct IO) the kernel keeps in flight.
+const MAX_BACKGROUND: u16 = 64;
 
 pub struct FuseAdapter {
     fs: Arc<PassthroughFs>,
+    /// The session's `/dev/fuse` fd, for FUSE_DEV_IOC_BACKING_OPEN.
+    dev: Arc<OwnedFd>,
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<PassthroughFs>) -> FuseAdapter {
-        FuseAdapter { fs }
+    pub fn new(fs: Arc<PassthroughFs>, dev: Arc<OwnedFd>) -> FuseAdapter {
+        FuseAdapter { fs, dev }
     }
 
     /// Drops the kernel's cached attributes of `ino` (not its pages).
-    fn invalidate_attrs(&self, ino: INodeNo) {
-        self.fs.kernel_forget_inode(ino.0, false);
+    fn invalidate_attrs(&self, ino: u64) {
+        self.fs.kernel_forget_inode(ino, false);
+    }
+
+    /// Registers `fd` as a passthrough backing file.
+    fn open_backing(&self, fd: BorrowedFd<'_>) -> io::Result<Arc<dyn BackingFile>> {
+        Ok(Arc::new(super::dev::BackingId::open(&self.dev, fd)?))
     }
 }
 
 /// The one io::Error → errno mapping. Errors without an OS code are internal failures
 /// (e.g. a bad record); EIO tells the caller the truth without inventing a cause.
-pub fn errno_of(e: &io::Error) -> Errno {
+pub fn errno_of(e: &io::Error) -> i32 {
     if let Some(code) = crate::sys::os_error(e) {
-        return Errno::from_i32(code);
+        return code;
     }
     match e.kind() {
-        io::ErrorKind::NotFound => Errno::ENOENT,
-        io::ErrorKind::PermissionDenied => Errno::EACCES,
-        io::ErrorKind::AlreadyExists => Errno::EEXIST,
-        io::ErrorKind::InvalidInput => Errno::EINVAL,
-        io::ErrorKind::StorageFull => Errno::ENOSPC,
-        _ => Errno::EIO,
+        io::ErrorKind::NotFound => libc::ENOENT,
+        io::ErrorKind::PermissionDenied => libc::EACCES,
+        io::ErrorKind::AlreadyExists => libc::EEXIST,
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        io::ErrorKind::StorageFull => libc::ENOSPC,
+        _ => libc::EIO,
     }
 }
 
-fn fail(op: &str, e: io::Error) -> Errno {
+fn fail(op: &str, e: io::Error) -> i32 {
     let errno = errno_of(&e);
     debug!("{op}: {e}");
     errno
 }
 
-fn caller(req: &Request) -> Caller {
+fn caller(req: &Request<'_>) -> Caller {
     Caller {
-        pid: req.pid(),
-        uid: req.uid(),
-        gid: req.gid(),
+        pid: req.header.pid,
+        uid: req.header.uid,
+        gid: req.header.gid,
+    }
+}
+
+/// An entry reply for a looked-up or created object (the kernel takes one lookup
+/// reference per positive entry).
+fn entry_of(e: &crate::fs::Entry) -> Entry<'_> {
+    Entry {
+        nodeid: e.attr.ino.0,
+        generation: e.generation,
+        entry_ttl: e.ttl,
+        attr_ttl: e.ttl,
+        attr: &e.attr,
+    }
+}
+
+fn open_of(o: &Opened) -> Open {
+    Open {
+        fh: o.fh,
+        open_flags: fopen_flags(o).bits(),
+        backing_id: o.backing.as_ref().map(|b| b.id()),
     }
 }
 
@@ -92,9 +121,17 @@ fn fopen_flags(o: &Opened) -> FopenFlags {
     f
 }
 
-impl Filesystem for FuseAdapter {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+impl FuseAdapter {
+    /// The INIT reply to a kernel offering `offered` (`flags | flags2 << 32`) and
+    /// `max_readahead`: what the core needs of the connection, as the kernel offers it.
+    /// (`minor`, and FUSE_OVER_IO_URING, are the session's.)
+    pub fn init(&self, offered: u64, max_readahead: u32) -> abi::fuse_init_out {
+        // FUSE_ASYNC_READ, FUSE_BIG_WRITES and FUSE_MAX_PAGES are what fuser asked for by
+        // default, which the daemon was built and measured with.
+        let wanted = InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
@@ -113,602 +150,527 @@ impl Filesystem for FuseAdapter {
         } else {
             wanted
         };
+        let offered_flags = InitFlags::from_bits_retain(offered);
         for flag in wanted.iter() {
-            if config.add_capabilities(flag).is_err() {
+            if !offered_flags.contains(flag) {
                 debug!("kernel lacks capability {flag:?}");
             }
         }
+        let mut flags = wanted.bits();
+        let mut max_stack_depth = 0;
         if self.fs.passthrough_enabled() {
-            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-                && config.set_max_stack_depth(2).is_ok();
-            if !ok {
+            if offered & InitFlags::FUSE_PASSTHROUGH.bits() != 0 {
+                flags |= InitFlags::FUSE_PASSTHROUGH.bits();
+                max_stack_depth = 2;
+            } else {
                 self.fs
                     .disable_passthrough("the kernel does not offer FUSE passthrough");
             }
         }
-        let _ = config.set_max_write(MAX_WRITE);
-        let _ = config.set_max_readahead(MAX_WRITE);
-        let _ = config.set_max_background(64);
+        let flags = (flags | abi::FUSE_INIT_EXT) & offered;
+        // Readahead as large as a write, if the kernel allows that much (it offers its
+        // limit); otherwise the kernel's.
+        let max_readahead = if MAX_WRITE <= max_readahead {
+            MAX_WRITE
+        } else {
+            max_readahead
+        };
+        let page = page_size();
         let on_off = |b: bool| if b { "on" } else { "off" };
         info!(
             "FUSE session initialised (kernel passthrough: {})",
             on_off(self.fs.passthrough_enabled())
         );
-        Ok(())
+        abi::fuse_init_out {
+            major: abi::FUSE_KERNEL_VERSION,
+            minor: abi::FUSE_KERNEL_MINOR_VERSION,
+            max_readahead,
+            flags: flags as u32,
+            max_background: MAX_BACKGROUND,
+            congestion_threshold: MAX_BACKGROUND * 3 / 4,
+            max_write: MAX_WRITE,
+            time_gran: 1,
+            max_pages: ((MAX_WRITE.max(max_readahead) - 1) / page + 1) as u16,
+            map_alignment: 0,
+            flags2: (flags >> 32) as u32,
+            max_stack_depth,
+            request_timeout: 0,
+            unused: [0; 11],
+        }
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
+    /// History shutdown at the end of the session (DESTROY, or the device gone).
+    pub fn destroy(&self) {
+        if let Err(e) = self.fs.history().shutdown() {
+            warn!("flushing history at unmount failed: {e}");
+        }
+    }
+
+    /// Serves one request (not INIT, DESTROY or INTERRUPT, which the session answers):
+    /// returns whether `out` holds a reply to send (FORGET and BATCH_FORGET have none).
+    pub fn dispatch(&self, req: &Request<'_>, out: &mut ReplyBuf) -> bool {
+        let unique = req.header.unique;
+        let ino = req.header.nodeid;
+        let result: Result<(), i32> = match &req.op {
+            Op::Forget { nlookup } => {
+                self.fs.forget(ino, *nlookup);
+                return false;
+            }
+            Op::BatchForget(forgets) => {
+                for (nodeid, nlookup) in *forgets {
+                    self.fs.forget(nodeid, nlookup);
+                }
+                return false;
+            }
+            Op::Lookup { name } => self.lookup(ino, name, out, unique),
+            Op::Getattr { fh } => reply_with(
+                out,
+                unique,
+                "getattr",
+                self.fs.getattr(ino, *fh),
+                |o, (attr, ttl)| {
+                    o.attr(ttl, &attr);
+                },
+            ),
+            Op::Setattr(s) => {
+                let set = SetAttr {
+                    mode: s.mode,
+                    uid: s.uid,
+                    gid: s.gid,
+                    size: s.size,
+                    atime: s.atime,
+                    mtime: s.mtime,
+                    fh: s.fh,
+                };
+                reply_with(
+                    out,
+                    unique,
+                    "setattr",
+                    self.fs.setattr(&caller(req), ino, set),
+                    |o, (attr, ttl)| {
+                        o.attr(ttl, &attr);
+                    },
+                )
+            }
+            Op::Readlink => reply_with(
+                out,
+                unique,
+                "readlink",
+                self.fs.readlink(ino),
+                |o, target| {
+                    o.data(&target);
+                },
+            ),
+            Op::Mknod {
+                name,
+                mode,
+                rdev,
+                umask,
+            } => reply_entry(
+                out,
+                unique,
+                "mknod",
+                self.fs
+                    .mknod(&caller(req), ino, name, *mode, *umask, u64::from(*rdev)),
+            ),
+            Op::Mkdir { name, mode, umask } => reply_entry(
+                out,
+                unique,
+                "mkdir",
+                self.fs.mkdir(&caller(req), ino, name, *mode, *umask),
+            ),
+            Op::Unlink { name } => reply_empty(
+                out,
+                unique,
+                "unlink",
+                self.fs.unlink(&caller(req), ino, name),
+            ),
+            Op::Rmdir { name } => {
+                reply_empty(out, unique, "rmdir", self.fs.rmdir(&caller(req), ino, name))
+            }
+            Op::Symlink { name, target } => reply_entry(
+                out,
+                unique,
+                "symlink",
+                self.fs.symlink(&caller(req), ino, name, Path::new(*target)),
+            ),
+            Op::Rename {
+                name,
+                newdir,
+                newname,
+                flags,
+            } => reply_empty(
+                out,
+                unique,
+                "rename",
+                self.fs
+                    .rename(&caller(req), ino, name, *newdir, newname, *flags),
+            ),
+            Op::Link { oldnodeid, newname } => reply_entry(
+                out,
+                unique,
+                "link",
+                self.fs.link(&caller(req), *oldnodeid, ino, newname),
+            ),
+            Op::Open { flags } => {
+                let make_backing = |fd: BorrowedFd<'_>| self.open_backing(fd);
+                reply_with(
+                    out,
+                    unique,
+                    "open",
+                    self.fs.open(&caller(req), ino, *flags, &make_backing),
+                    |reply, opened| {
+                        reply.open(&open_of(&opened));
+                    },
+                )
+            }
+            Op::Read {
+                fh, offset, size, ..
+            } => READ_BUF.with_borrow_mut(|buf| {
+                reply_with(
+                    out,
+                    unique,
+                    "read",
+                    self.fs.read(ino, *fh, *offset, *size, buf),
+                    |o, ()| {
+                        o.data(buf);
+                    },
+                )
+            }),
+            Op::Write {
+                fh,
+                offset,
+                data,
+                write_flags,
+                lock_owner,
+                ..
+            } => {
+                let kill_suidgid = write_flags & WriteFlags::FUSE_WRITE_KILL_SUIDGID.bits() != 0;
+                reply_with(
+                    out,
+                    unique,
+                    "write",
+                    self.fs.write(
+                        &caller(req),
+                        ino,
+                        *fh,
+                        *offset,
+                        data,
+                        kill_suidgid,
+                        *lock_owner,
+                    ),
+                    |o, n| {
+                        o.written(n);
+                    },
+                )
+            }
+            Op::Flush { fh, lock_owner } => match self.fs.flush(ino, *fh, *lock_owner) {
+                Ok(stale_attrs) => {
+                    if stale_attrs {
+                        self.invalidate_attrs(ino);
+                    }
+                    out.start(unique);
+                    Ok(())
+                }
+                Err(e) => Err(fail("flush", e)),
+            },
+            Op::Release { fh, .. } => {
+                self.fs.release(*fh);
+                out.start(unique);
+                Ok(())
+            }
+            Op::Fsync { fh, datasync } => {
+                reply_empty(out, unique, "fsync", self.fs.fsync(*fh, *datasync))
+            }
+            Op::Opendir { .. } => match self.fs.opendir(ino) {
+                Ok(dir) => {
+                    let open_flags = if dir.cache_listing {
+                        (FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE).bits()
+                    } else {
+                        0
+                    };
+                    out.start(unique).open(&Open {
+                        fh: dir.fh,
+                        open_flags,
+                        backing_id: None,
+                    });
+                    Ok(())
+                }
+                Err(e) => Err(fail("opendir", e)),
+            },
+            Op::Readdir { fh, offset, size } => {
+                out.start(unique);
+                let max = *size as usize;
+                let result = self.fs.readdir(ino, *fh, *offset as i64, &mut |e| {
+                    !out.dirent(max, e.ino, e.offset as u64, e.kind, e.name)
+                });
+                result.map_err(|e| fail("readdir", e))
+            }
+            Op::Readdirplus { fh, offset, size } => {
+                out.start(unique);
+                let max = *size as usize;
+                let result = self
+                    .fs
+                    .readdirplus(ino, *fh, *offset as i64, &mut |e, entry| match entry {
+                        Some(entry) => {
+                            !out.direntplus(max, &entry_of(entry), e.offset as u64, e.name)
+                        }
+                        None => {
+                            // "." and "..": node id 0 tells the kernel not to make a dentry.
+                            let attr = bare_attr(e.ino, e.kind);
+                            let dot = Entry {
+                                nodeid: 0,
+                                generation: 0,
+                                entry_ttl: Duration::ZERO,
+                                attr_ttl: Duration::ZERO,
+                                attr: &attr,
+                            };
+                            !out.direntplus(max, &dot, e.offset as u64, e.name)
+                        }
+                    });
+                result.map_err(|e| fail("readdirplus", e))
+            }
+            Op::Releasedir { fh, .. } => {
+                self.fs.releasedir(*fh);
+                out.start(unique);
+                Ok(())
+            }
+            Op::Fsyncdir { fh, datasync } => {
+                reply_empty(out, unique, "fsyncdir", self.fs.fsync(*fh, *datasync))
+            }
+            Op::Statfs => match self.fs.statfs() {
+                Ok(s) => {
+                    out.start(unique).statfs(&Statfs {
+                        blocks: s.f_blocks,
+                        bfree: s.f_bfree,
+                        bavail: s.f_bavail,
+                        files: s.f_files,
+                        ffree: s.f_ffree,
+                        bsize: s.f_bsize as u32,
+                        namelen: s.f_namemax as u32,
+                        frsize: s.f_frsize as u32,
+                    });
+                    Ok(())
+                }
+                Err(e) => Err(fail("statfs", e)),
+            },
+            Op::Setxattr { name, value, flags } => reply_empty(
+                out,
+                unique,
+                "setxattr",
+                self.fs.setxattr(&caller(req), ino, name, value, *flags),
+            ),
+            Op::Getxattr { name, size } => reply_xattr(out, unique, "getxattr", *size, |buf| {
+                self.fs.getxattr(ino, name, buf)
+            }),
+            Op::Listxattr { size } => reply_xattr(out, unique, "listxattr", *size, |buf| {
+                self.fs.listxattr(ino, buf)
+            }),
+            Op::Removexattr { name } => reply_empty(
+                out,
+                unique,
+                "removexattr",
+                self.fs.removexattr(&caller(req), ino, name),
+            ),
+            Op::Access { mask } => reply_empty(out, unique, "access", self.fs.access(ino, *mask)),
+            Op::Create {
+                name,
+                mode,
+                umask,
+                flags,
+            } => {
+                let make_backing = |fd: BorrowedFd<'_>| self.open_backing(fd);
+                reply_with(
+                    out,
+                    unique,
+                    "create",
+                    self.fs.create(
+                        &caller(req),
+                        ino,
+                        name,
+                        *mode,
+                        *umask,
+                        *flags,
+                        &make_backing,
+                    ),
+                    |reply, (e, opened)| {
+                        reply.create(&entry_of(&e), &open_of(&opened));
+                    },
+                )
+            }
+            Op::Fallocate {
+                fh,
+                offset,
+                length,
+                mode,
+            } => reply_empty(
+                out,
+                unique,
+                "fallocate",
+                self.fs.fallocate(*fh, *offset, *length, *mode),
+            ),
+            Op::Ioctl { cmd, .. } => Err(ioctl_unsupported(*cmd)),
+            Op::Lseek { fh, offset, whence } => reply_with(
+                out,
+                unique,
+                "lseek",
+                self.fs.lseek(*fh, *offset, *whence),
+                |o, off| {
+                    o.lseek(off);
+                },
+            ),
+            Op::CopyFileRange {
+                fh_in,
+                off_in,
+                fh_out,
+                off_out,
+                len,
+                flags,
+                ..
+            } => reply_with(
+                out,
+                unique,
+                "copy_file_range",
+                self.fs
+                    .copy_file_range(*fh_in, *off_in, *fh_out, *off_out, *len, *flags as u32),
+                |o, n| {
+                    o.written(n);
+                },
+            ),
+            // Locks (the kernel keeps POSIX and flock locks itself when they are not
+            // served), BMAP, POLL, STATX, TMPFILE, SYNCFS...: ENOSYS, which the kernel
+            // remembers for most of them.
+            Op::Unsupported => Err(libc::ENOSYS),
+            // The session answers these itself; reaching here is a second INIT or a
+            // request after DESTROY.
+            Op::Init { .. } | Op::Destroy | Op::Interrupt { .. } => Err(libc::EIO),
+        };
+        if let Err(errno) = result {
+            out.error(unique, errno);
+        } else {
+            out.finish();
+        }
+        true
+    }
+
+    fn lookup(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        out: &mut ReplyBuf,
+        unique: u64,
+    ) -> Result<(), i32> {
+        match self.fs.lookup(parent, name) {
+            Ok(e) => {
+                out.start(unique).entry(&entry_of(&e));
+                Ok(())
+            }
             // A negative entry (node id 0) the kernel may cache: names only appear through
             // this mount, which updates the kernel's dentries itself. Saves a round trip for
             // every repeated miss (git, compilers and shells probe many absent paths). Not
             // for "." and "..", which only file-handle decoding asks for.
             Err(e)
                 if e.raw_os_error() == Some(libc::ENOENT)
-                    && !crate::fs::virt::is_virtual(parent.0)
+                    && !crate::fs::virt::is_virtual(parent)
                     && name != "."
                     && name != ".." =>
             {
-                reply.entry(
-                    &crate::fs::TTL,
-                    &bare_attr(0, FileType::RegularFile),
-                    Generation(0),
-                )
+                let attr = bare_attr(0, FileType::RegularFile);
+                out.start(unique).entry(&Entry {
+                    nodeid: 0,
+                    generation: 0,
+                    entry_ttl: crate::fs::TTL,
+                    attr_ttl: crate::fs::TTL,
+                    attr: &attr,
+                });
+                Ok(())
             }
-            Err(e) => reply.error(fail("lookup", e)),
+            Err(e) => Err(fail("lookup", e)),
         }
     }
+}
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
-            Ok((attr, ttl)) => reply.attr(&ttl, &attr),
-            Err(e) => reply.error(fail("getattr", e)),
+/// A successful `result`'s reply, its body written by `body`; else its errno.
+fn reply_with<T>(
+    out: &mut ReplyBuf,
+    unique: u64,
+    op: &str,
+    result: io::Result<T>,
+    body: impl FnOnce(&mut ReplyBuf, T),
+) -> Result<(), i32> {
+    match result {
+        Ok(v) => {
+            body(out.start(unique), v);
+            Ok(())
         }
+        Err(e) => Err(fail(op, e)),
     }
+}
 
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-            fh: fh.map(|f| f.0),
-        };
-        match self.fs.setattr(&caller(req), ino.0, set) {
-            Ok((attr, ttl)) => reply.attr(&ttl, &attr),
-            Err(e) => reply.error(fail("setattr", e)),
-        }
-    }
-
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(fail("readlink", e)),
-        }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        match self
-            .fs
-            .mknod(&caller(req), parent.0, name, mode, umask, u64::from(rdev))
-        {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
-            Err(e) => reply.error(fail("mknod", e)),
-        }
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        match self.fs.mkdir(&caller(req), parent.0, name, mode, umask) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
-            Err(e) => reply.error(fail("mkdir", e)),
-        }
-    }
-
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(&caller(req), parent.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("unlink", e)),
-        }
-    }
-
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.rmdir(&caller(req), parent.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("rmdir", e)),
-        }
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        match self.fs.symlink(&caller(req), parent.0, link_name, target) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
-            Err(e) => reply.error(fail("symlink", e)),
-        }
-    }
-
-    fn rename(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.rename(
-            &caller(req),
-            parent.0,
-            name,
-            newparent.0,
-            newname,
-            flags.bits(),
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("rename", e)),
-        }
-    }
-
-    fn link(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        match self.fs.link(&caller(req), ino.0, newparent.0, newname) {
-            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(e.generation)),
-            Err(e) => reply.error(fail("link", e)),
-        }
-    }
-
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let make_backing = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        match self.fs.open(&caller(req), ino.0, flags.0, &make_backing) {
-            Ok(o) => match &o.backing {
-                Some(id) => reply.opened_passthrough(FileHandle(o.fh), fopen_flags(&o), id),
-                None => reply.opened(FileHandle(o.fh), fopen_flags(&o)),
-            },
-            Err(e) => reply.error(fail("open", e)),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        READ_BUF.with_borrow_mut(|buf| match self.fs.read(ino.0, fh.0, offset, size, buf) {
-            Ok(()) => reply.data(buf),
-            Err(e) => reply.error(fail("read", e)),
-        });
-    }
-
-    fn write(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: WriteFlags,
-        _flags: OpenFlags,
-        lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let owner = lock_owner.map(|o| o.0);
-        match self
-            .fs
-            .write(&caller(req), ino.0, fh.0, offset, data, kill_suidgid, owner)
-        {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(fail("write", e)),
-        }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.flush(ino.0, fh.0, lock_owner.0) {
-            Ok(stale_attrs) => {
-                if stale_attrs {
-                    self.invalidate_attrs(ino);
-                }
-                reply.ok()
+/// GETXATTR/LISTXATTR of `size` bytes: with size 0 the size the value needs, else the value
+/// (`get` fills the buffer of `size` bytes and returns the length, or ERANGE).
+fn reply_xattr(
+    out: &mut ReplyBuf,
+    unique: u64,
+    op: &str,
+    size: u32,
+    get: impl FnOnce(&mut Vec<u8>) -> io::Result<usize>,
+) -> Result<(), i32> {
+    READ_BUF.with_borrow_mut(|buf| {
+        buf.resize(size as usize, 0);
+        let got = get(buf);
+        reply_with(out, unique, op, got, |o, n| {
+            if size == 0 {
+                o.xattr_size(n as u32);
+            } else {
+                o.data(&buf[..n]);
             }
-            Err(e) => reply.error(fail("flush", e)),
-        }
-    }
+        })
+    })
+}
 
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.fs.release(fh.0);
-        reply.ok();
-    }
+fn reply_entry(
+    out: &mut ReplyBuf,
+    unique: u64,
+    op: &str,
+    result: io::Result<crate::fs::Entry>,
+) -> Result<(), i32> {
+    reply_with(out, unique, op, result, |o, e| {
+        o.entry(&entry_of(&e));
+    })
+}
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("fsync", e)),
-        }
-    }
+fn reply_empty(
+    out: &mut ReplyBuf,
+    unique: u64,
+    op: &str,
+    result: io::Result<()>,
+) -> Result<(), i32> {
+    reply_with(out, unique, op, result, |_, ()| {})
+}
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
-            Ok(dir) => {
-                let flags = if dir.cache_listing {
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
-                } else {
-                    FopenFlags::empty()
-                };
-                reply.opened(FileHandle(dir.fh), flags)
-            }
-            Err(e) => reply.error(fail("opendir", e)),
-        }
+/// No ioctl is supported: every one is answered ENOTTY ("not a terminal / no such ioctl"),
+/// which is what `isatty()` and tools probing for features expect. The kernel keeps sending
+/// them (unlike ENOSYS replies to poll or locks, an ioctl reply is not cached), and Python
+/// does one per `open()`, so this is logged once per daemon.
+fn ioctl_unsupported(cmd: u32) -> i32 {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    if !LOGGED.swap(true, Ordering::Relaxed) {
+        info!(
+            "ioctl {cmd:#x} on a file in the mount answered ENOTTY: ioctls are not supported \
+             (logged once; later ones are answered the same way silently)"
+        );
+    } else {
+        debug!("ioctl {cmd:#x}: ENOTTY");
     }
+    libc::ENOTTY
+}
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let result = self.fs.readdir(ino.0, fh.0, offset as i64, &mut |e| {
-            reply.add(
-                INodeNo(e.ino),
-                e.offset as u64,
-                e.kind,
-                OsStr::from_bytes(e.name),
-            )
-        });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("readdir", e)),
-        }
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let result = self
-            .fs
-            .readdirplus(ino.0, fh.0, offset as i64, &mut |e, entry| {
-                let name = OsStr::from_bytes(e.name);
-                match entry {
-                    Some(entry) => reply.add(
-                        entry.attr.ino,
-                        e.offset as u64,
-                        name,
-                        &entry.ttl,
-                        &entry.attr,
-                        Generation(entry.generation),
-                    ),
-                    None => {
-                        // "." and "..": node id 0 tells the kernel not to make a dentry.
-                        let attr = bare_attr(e.ino, e.kind);
-                        reply.add(
-                            INodeNo(0),
-                            e.offset as u64,
-                            name,
-                            &std::time::Duration::ZERO,
-                            &attr,
-                            Generation(0),
-                        )
-                    }
-                }
-            });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("readdirplus", e)),
-        }
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.fs.releasedir(fh.0);
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("fsyncdir", e)),
-        }
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.fs.statfs() {
-            Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                s.f_namemax as u32,
-                s.f_frsize as u32,
-            ),
-            Err(e) => reply.error(fail("statfs", e)),
-        }
-    }
-
-    fn setxattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.setxattr(&caller(req), ino.0, name, value, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("setxattr", e)),
-        }
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        READ_BUF.with_borrow_mut(|buf| {
-            buf.resize(size as usize, 0);
-            match self.fs.getxattr(ino.0, name, buf) {
-                Ok(n) if size == 0 => reply.size(n as u32),
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(fail("getxattr", e)),
-            }
-        });
-    }
-
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        READ_BUF.with_borrow_mut(|buf| {
-            buf.resize(size as usize, 0);
-            match self.fs.listxattr(ino.0, buf) {
-                Ok(n) if size == 0 => reply.size(n as u32),
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(fail("listxattr", e)),
-            }
-        });
-    }
-
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.removexattr(&caller(req), ino.0, name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("removexattr", e)),
-        }
-    }
-
-    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.fs.access(ino.0, mask.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("access", e)),
-        }
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        let make_backing = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        match self.fs.create(
-            &caller(req),
-            parent.0,
-            name,
-            mode,
-            umask,
-            flags,
-            &make_backing,
-        ) {
-            Ok((e, o)) => match &o.backing {
-                Some(id) => reply.created_passthrough(
-                    &e.ttl,
-                    &e.attr,
-                    Generation(e.generation),
-                    FileHandle(o.fh),
-                    fopen_flags(&o),
-                    id,
-                ),
-                None => reply.created(
-                    &e.ttl,
-                    &e.attr,
-                    Generation(e.generation),
-                    FileHandle(o.fh),
-                    fopen_flags(&o),
-                ),
-            },
-            Err(e) => reply.error(fail("create", e)),
-        }
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.fallocate(fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(fail("fallocate", e)),
-        }
-    }
-
-    /// No ioctl is supported: every one is answered ENOTTY ("not a terminal / no such
-    /// ioctl"), which is what `isatty()` and tools probing for features expect. The kernel
-    /// keeps sending them (unlike ENOSYS replies to poll or locks, an ioctl reply is not
-    /// cached), and Python does one per `open()`, so this is logged once per daemon.
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        static LOGGED: AtomicBool = AtomicBool::new(false);
-        if !LOGGED.swap(true, Ordering::Relaxed) {
-            info!(
-                "ioctl {cmd:#x} on a file in the mount answered ENOTTY: ioctls are not supported \
-                 (logged once; later ones are answered the same way silently)"
-            );
-        } else {
-            debug!("ioctl {cmd:#x}: ENOTTY");
-        }
-        reply.error(Errno::ENOTTY);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        match self.fs.lseek(fh.0, offset, whence) {
-            Ok(off) => reply.offset(off),
-            Err(e) => reply.error(fail("lseek", e)),
-        }
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        _ino_in: INodeNo,
-        fh_in: FileHandle,
-        offset_in: u64,
-        _ino_out: INodeNo,
-        fh_out: FileHandle,
-        offset_out: u64,
-        len: u64,
-        flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        match self.fs.copy_file_range(
-            fh_in.0,
-            offset_in,
-            fh_out.0,
-            offset_out,
-            len,
-            flags.bits() as u32,
-        ) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(fail("copy_file_range", e)),
-        }
-    }
-
-    fn destroy(&mut self) {
-        if let Err(e) = self.fs.history().shutdown() {
-            warn!("flushing history at unmount failed: {e}");
-        }
-    }
+/// The page size, which `max_pages` counts in.
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 /// Attributes that carry only an inode number and a type (dot entries, negative entries).

@@ -47,6 +47,7 @@ mod setid;
 mod sparse;
 mod state_dir;
 mod store_reflink;
+mod transport;
 mod ui;
 mod watchdog;
 

@@ -94,10 +94,23 @@ fn umount_within_30s(mnt: &Path) -> i32 {
 
 /// With the daemon stopped, a caller blocked on the mount dies at SIGKILL, and a caller whose
 /// request the daemon cannot answer is released within the watchdog's bound; then `umount`
-/// returns within 30 s and MNT answers again.
+/// returns within 30 s and MNT answers again. On both transports: over io_uring the
+/// kernel hands the request to a ring entry of the stopped daemon, which the abort alone
+/// cannot end (the watchdog also kills the daemon).
 #[test]
 fn stopped_daemon_leaves_callers_killable_and_released_within_the_bound() {
-    let m = TestMount::new();
+    stopped_daemon_releases_callers(&[], true);
+}
+
+#[test]
+fn stopped_daemon_leaves_callers_killable_and_released_within_the_bound_over_dev_fuse() {
+    stopped_daemon_releases_callers(&["--no-io-uring"], false);
+}
+
+fn stopped_daemon_releases_callers(args: &[&str], ring: bool) {
+    let _on = common::EnableUring::set(true);
+    let m = TestMount::with_args(args);
+    assert_eq!(common::status_io(&m)["io_uring"], ring);
     fs::write(m.mnt.join("x"), "content").unwrap();
     let daemon = m.pid().unwrap();
     // SAFETY: kill(2) on the daemon this test mounted.
@@ -151,6 +164,10 @@ fn stopped_daemon_leaves_callers_killable_and_released_within_the_bound() {
     assert!(
         log.contains("has been stopped for 10 s; aborting FUSE connection"),
         "{log}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || !process_alive(daemon)),
+        "the watchdog did not kill the stopped daemon"
     );
 
     drop(_cont);
@@ -275,4 +292,138 @@ fn kill9_during_rewind_never_hangs_the_mount() {
         );
     }
     m.umount();
+}
+
+/// A `getfattr -n NAME FILE` pinned to CPU 0, so that its request goes to ring queue 0.
+fn pinned_getxattr(file: &Path, name: &str) -> Reaped {
+    Reaped(
+        Command::new("taskset")
+            .args(["-c", "0", "getfattr", "-n", name])
+            .arg(file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Whether `pid` is inside getxattr(2) (/proc/PID/syscall starts with its number).
+fn in_getxattr(pid: u32) -> bool {
+    let syscall = fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    syscall.split(' ').next() == Some(&libc::SYS_getxattr.to_string())
+}
+
+/// How a [`ring_requests_in_every_state_end_when_the_daemon`] test stops the daemon.
+enum Stop {
+    Kill9,
+    /// SIGSTOP: the watchdog aborts the connection after its bound.
+    Sigstop,
+}
+
+/// With FUSE over io_uring, requests in each ring state: one parked in the daemon, one
+/// whose reply is built but not committed (the test hook of `--test-park-ring-requests`;
+/// together they hold both entries of queue 0), and one queued behind them in the kernel.
+/// Every caller is SIGKILLed: the queued one ends at once; the two the daemon holds end
+/// once the daemon is killed (kill -9) or stopped past the watchdog's bound.
+fn ring_requests_in_every_state_end_when_the_daemon(stop: Stop) {
+    let _on = common::EnableUring::set(true);
+    let mut m = TestMount::unmounted(&["--test-park-ring-requests"]);
+    fs::write(m.src.join("f"), "x").unwrap();
+    m.mount();
+    let io = common::status_io(&m);
+    assert_eq!(io["io_uring"], true, "the ring is not in use: {io}");
+    assert!(
+        io["transport"].as_str().unwrap().contains("2 entries each"),
+        "{io}"
+    );
+    let daemon = m.pid().unwrap();
+    let file = m.mnt.join("f");
+    let parked = |state: &str| {
+        m.daemon_log()
+            .lines()
+            .filter(|l| l.contains("test hook: request") && l.contains(state))
+            .count()
+    };
+
+    let mut in_daemon = pinned_getxattr(&file, "user.checkpointfs.test.park-in-daemon");
+    assert!(
+        wait_until(Duration::from_secs(10), || parked("parked in the daemon")
+            == 1),
+        "{}",
+        m.daemon_log()
+    );
+    let mut awaiting_commit = pinned_getxattr(&file, "user.checkpointfs.test.park-awaiting-commit");
+    assert!(
+        wait_until(Duration::from_secs(10), || parked("parked awaiting commit")
+            == 1),
+        "{}",
+        m.daemon_log()
+    );
+    assert!(
+        m.daemon_log()
+            .contains("on ring queue 0 parked awaiting commit")
+    );
+    // Both entries of queue 0 are held: this one waits in the kernel's queue.
+    let mut queued = pinned_getxattr(&file, "user.absent");
+    let queued_pid = queued.0.id();
+    assert!(
+        wait_until(Duration::from_secs(10), || in_getxattr(queued_pid)
+            && waits_on_fuse(queued_pid)),
+        "the third caller never blocked on the mount (state {:?})",
+        state_letter(queued_pid).map(char::from)
+    );
+    assert_eq!(
+        queued.0.try_wait().unwrap(),
+        None,
+        "the queued caller was answered"
+    );
+
+    for caller in [&mut in_daemon, &mut awaiting_commit, &mut queued] {
+        caller.0.kill().unwrap();
+    }
+    queued
+        .wait_for(Duration::from_secs(10))
+        .expect("a SIGKILLed caller queued on the ring did not end");
+
+    let stopped_at = Instant::now();
+    let (bound, _cont) = match stop {
+        Stop::Kill9 => {
+            m.kill_daemon();
+            (Duration::from_secs(20), None)
+        }
+        Stop::Sigstop => {
+            // SAFETY: kill(2) on the daemon this test mounted.
+            assert_eq!(unsafe { libc::kill(daemon, libc::SIGSTOP) }, 0);
+            (STOPPED_BOUND + SLACK, Some(Continue(daemon)))
+        }
+    };
+    in_daemon
+        .wait_for(bound)
+        .expect("a caller whose request was parked in the daemon never ended");
+    awaiting_commit
+        .wait_for(bound)
+        .expect("a caller whose reply awaited its commit never ended");
+    eprintln!(
+        "both held callers ended {:?} after the stop",
+        stopped_at.elapsed()
+    );
+    if let Stop::Sigstop = stop {
+        assert!(
+            m.daemon_log()
+                .contains("has been stopped for 10 s; aborting FUSE connection"),
+            "{}",
+            m.daemon_log()
+        );
+    }
+}
+
+#[test]
+fn kill9_with_ring_requests_queued_in_the_daemon_and_awaiting_commit_ends_every_caller() {
+    ring_requests_in_every_state_end_when_the_daemon(Stop::Kill9);
+}
+
+#[test]
+fn sigstop_with_ring_requests_queued_in_the_daemon_and_awaiting_commit_ends_every_caller() {
+    ring_requests_in_every_state_end_when_the_daemon(Stop::Sigstop);
 }

@@ -762,3 +762,49 @@ pub fn transcript_records(state: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// The fuse module's `enable_uring` parameter (machine-wide; read by the kernel at each
+/// mount's INIT), set for the life of the guard and put back on drop (also when the test
+/// panics). Tests that set it, or that need the transport it decides, hold one: they run
+/// one at a time (tests run on two threads), so one test's setting never lands in the
+/// middle of another's mount. Other tests do not care which transport serves them.
+pub struct EnableUring {
+    original: String,
+    _exclusive: std::sync::MutexGuard<'static, ()>,
+}
+
+/// Where the kernel exposes it (Linux 6.14+).
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+impl EnableUring {
+    /// Panics if this kernel has no FUSE over io_uring: the tests that take this guard are
+    /// about it, and must not pass by doing nothing.
+    pub fn set(on: bool) -> EnableUring {
+        static PARAMETER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let exclusive = PARAMETER
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let original = fs::read_to_string(ENABLE_URING).unwrap_or_else(|e| {
+            panic!("{ENABLE_URING}: {e} (this test needs a kernel with FUSE over io_uring, 6.14+)")
+        });
+        fs::write(ENABLE_URING, if on { "Y" } else { "N" })
+            .unwrap_or_else(|e| panic!("cannot set {ENABLE_URING}: {e}"));
+        EnableUring {
+            original: original.trim().to_string(),
+            _exclusive: exclusive,
+        }
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        let _ = fs::write(ENABLE_URING, &self.original);
+    }
+}
+
+/// `status --json`'s `io` object of the live mount `m` (the transport in use among it).
+pub fn status_io(m: &TestMount) -> serde_json::Value {
+    let out = cli_ok(&["status", m.mnt.to_str().unwrap(), "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    status["io"].clone()
+}
