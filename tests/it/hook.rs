@@ -185,6 +185,17 @@ fn malformed_input_is_a_note_and_the_hooks_own_cwd_is_used() {
 fn a_stopped_daemon_holds_the_prompt_no_longer_than_the_bound() {
     let m = TestMount::new();
     let pid = m.pid().expect("daemon pid");
+    // Over /dev/fuse a request the stopped daemon never read is killable, so the hook's
+    // abandoned access dies with it at its own 5 s bound. Over io_uring the kernel hands a
+    // request to a ring entry at once, and a request in the daemon is not killable: the
+    // hook's process cannot end before the watchdog ends the stopped daemon (10 s; see
+    // tests/it/watchdog.rs). Known limit of the ring transport, written in its docs.
+    let ring = crate::common::status_io(&m)["io_uring"] == true;
+    let bound = if ring {
+        Duration::from_secs(13)
+    } else {
+        Duration::from_secs(8)
+    };
     // Warm the kernel's caches of the mount root, as an agent working there would have.
     let _ = fs::read_dir(&m.mnt).unwrap().count();
     struct Cont(i32);
@@ -225,8 +236,8 @@ fn a_stopped_daemon_holds_the_prompt_no_longer_than_the_bound() {
     for r in [&r, &r2] {
         assert_eq!(r.status, 0, "{}", r.stderr);
         assert!(
-            r.took < Duration::from_secs(8),
-            "took {:?}: {}",
+            r.took < bound,
+            "took {:?} (io_uring: {ring}): {}",
             r.took,
             r.stderr
         );
