@@ -258,13 +258,22 @@ impl Budgets {
 /// The store is about to write `bytes` of new content: refused with EDQUOT if that would take
 /// this thread's payer past its budget. No payer: always room.
 pub(crate) fn check_room(bytes: u64) -> std::io::Result<()> {
+    check_room_with(|| Ok(bytes))
+}
+
+/// [`check_room`] for a size that costs a syscall to learn: `bytes` is asked only when this
+/// thread has a payer, so the owner's backups pay nothing for the budget.
+pub(crate) fn check_room_with(bytes: impl FnOnce() -> std::io::Result<u64>) -> std::io::Result<()> {
     PAYER.with(|p| match &*p.borrow() {
-        Some((account, limits))
-            if account.bytes.load(Ordering::Relaxed).saturating_add(bytes) > limits.bytes =>
-        {
-            Err(over_budget("state bytes", account, limits.bytes))
+        Some((account, limits)) => {
+            let bytes = bytes()?;
+            if account.bytes.load(Ordering::Relaxed).saturating_add(bytes) > limits.bytes {
+                Err(over_budget("state bytes", account, limits.bytes))
+            } else {
+                Ok(())
+            }
         }
-        _ => Ok(()),
+        None => Ok(()),
     })
 }
 

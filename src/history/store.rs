@@ -248,20 +248,20 @@ impl Store {
 
     /// `seen`: the size and 512-byte blocks of `src` if the caller knows them.
     fn put_file_seen(&self, src: &File, seen: Option<(u64, u64)>) -> io::Result<StoredObject> {
-        // Budget (see `budget`): the blocks the copy can take, before it is made.
-        let (_, blocks) = match seen {
-            Some(seen) => seen,
-            None => {
-                let st = crate::sys::fstat(src.as_fd())?;
-                (0, u64::try_from(st.st_blocks).unwrap_or(0))
-            }
+        // Budget (see `budget`): the blocks the copy can take, before it is made; a stat
+        // only when another user pays (the owner's backups need none).
+        let allocated = || match seen {
+            Some((_, blocks)) => Ok(blocks * 512),
+            None => crate::sys::fstat(src.as_fd())
+                .map(|st| u64::try_from(st.st_blocks).unwrap_or(0) * 512),
         };
-        crate::history::budget::check_room(blocks * 512)?;
+        crate::history::budget::check_room_with(allocated)?;
         let stored = match self.read_if_packable(src, seen)? {
             Some(data) => self.put_packed(&data)?,
             None => self.put_file_impl(src, true)?,
         };
-        charge_new_content(&stored, blocks * 512);
+        // The content's length bounds the charge where the blocks are unknown.
+        charge_new_content(&stored, seen.map_or(u64::MAX, |(_, blocks)| blocks * 512));
         Ok(stored)
     }
 
