@@ -1,26 +1,41 @@
 #!/usr/bin/env python3
-"""scripts/bench-roundtrip.py — FUSE round-trip microbenchmarks, native vs one or more
-checkpointfs binaries, in one sitting (the machine is noisy: compare within a run).
+"""scripts/bench-roundtrip.py — what each FUSE request costs: native vs one or more
+checkpointfs binaries (and optionally libfuse's passthrough_hp), in one sitting (the
+machine is noisy: compare within a run).
 
-usage: scripts/bench-roundtrip.py [--rounds N] [--files N] [--enable-uring]
+usage: scripts/bench-roundtrip.py [--rounds N] [--files N] [--git-files N] [--enable-uring]
+                                  [--reference PASSTHROUGH_HP]
                                   NAME=BIN[,MOUNT_ARG...] [NAME=BIN[,MOUNT_ARG...] ...]
 
-Per round (the order of native and the binaries rotates between rounds), on a fresh SRC
-under $BENCH_DIR (default /var/tmp) mounted with `BIN mount [MOUNT_ARG...]` (default mode
-plus the arguments after BIN, comma-separated: `devfuse=BIN,--no-io-uring`); each mount's
-transport (from `BIN status`) is printed with its results:
-  getxattr   µs per getxattr(2) of a missing attribute (one round trip, never cached)
-  stat       s to lstat N files never looked up before (one LOOKUP each)
-  create     s to create + write 1 KiB + close N new files
-  unlink     s to unlink N files (each a first change: Layer 1 records it)
-Prints the median of each over the rounds, and its ratio to native; with two or more
-binaries, also each one's getxattr round trip as a ratio to the first's (e.g. the ring's
-to /dev/fuse's: `devfuse=BIN,--no-io-uring ring=BIN --enable-uring`). `--enable-uring`
-switches the fuse module's enable_uring on for the run and puts it back on every exit path.
-Needs root (mount).
-Every mount is unmounted on every exit path (`BIN umount`, then `umount -l`).
+Per round (the order of the configurations rotates between rounds), on a fresh SRC under
+$BENCH_DIR (default /var/tmp) mounted with `BIN mount [MOUNT_ARG...]` (default mode plus
+the arguments after BIN, comma-separated: `devfuse=BIN,--no-io-uring`); each mount's
+transport (from `BIN status`) is printed with its results. Workloads, in this order:
+  getxattr     µs per getxattr(2) of a missing attribute (one round trip, never cached)
+  lookup       s to lstat N files never looked up before (one LOOKUP each)
+  create       s to create + write 1 KiB + close N new files (in 100 directories)
+  stat         s to stat those N files again, warm (right after creating them)
+  read         s to open + read + close them, warm
+  unlink       s to unlink them (and rmdir the 100 directories)
+  first_unlink s to unlink N files that existed before the mount (Layer 1 backs each up)
+  git_status   s for `git status` on a repository of --git-files files committed before
+               the mount: the first run (cold) and the median of 3 more (warm)
+  rm_rf        s to `rm -rf` that repository
+For each checkpointfs mount, the FUSE requests each workload sent (from `status --json`,
+`io.requests`) are printed per opcode, with the floor the issue sets for a workload whose
+requests the kernel must send: native time + requests x the mount's own getxattr round
+trip; `ratio to floor` = mount time / floor.
+
+--reference PATH adds libfuse's passthrough_hp (the C reference: kernel passthrough) as
+two more configurations, `hp` (/dev/fuse) and `hp-uring` (-o io_uring).
+`--enable-uring` switches the fuse module's enable_uring on for the run and puts it back
+on every exit path. Prints the median of each workload over the rounds and its ratio to
+native; with two or more FUSE configurations, each one's getxattr round trip as a ratio to
+the first's (`devfuse=BIN,--no-io-uring ring=BIN --enable-uring`: the ring's to /dev/fuse's).
+Needs root (mount). Every mount is unmounted on every exit path.
 """
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -29,49 +44,123 @@ import sys
 import tempfile
 import time
 
+KEYS = ["getxattr", "lookup", "create", "stat", "read", "unlink", "first_unlink",
+        "git_status_cold", "git_status_warm", "rm_rf"]
+UNITS = {k: "s" for k in KEYS}
+UNITS["getxattr"] = "µs"
+GIT = ["git", "-c", "core.untrackedCache=false", "-c", "gc.auto=0"]
 
-def measure(root, files):
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+class Counter:
+    """FUSE requests a checkpointfs daemon served, by opcode (None: not checkpointfs)."""
+
+    def __init__(self, binary, mnt):
+        self.binary, self.mnt = binary, mnt
+
+    def now(self):
+        if self.binary is None:
+            return {}
+        out = subprocess.run([self.binary, "status", "--json", self.mnt],
+                             capture_output=True, text=True).stdout
+        return json.loads(out).get("io", {}).get("requests", {})
+
+    @staticmethod
+    def delta(before, after):
+        return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+
+
+def measure(root, files, counter):
+    res, reqs = {}, {}
+
+    def step(name, fn):
+        before = counter.now()
+        res[name] = fn()
+        reqs[name] = Counter.delta(before, counter.now())
+
     probe = os.path.join(root, "probe")
     with open(probe, "w") as f:
         f.write("x")
     n = 20000
-    t = time.perf_counter()
-    for _ in range(n):
-        try:
-            os.getxattr(probe, "user.missing")
-        except OSError:
-            pass
-    getxattr_us = (time.perf_counter() - t) / n * 1e6
 
-    t = time.perf_counter()
-    for i in range(files):
-        os.lstat(os.path.join(root, "old", f"f{i}"))
-    stat_s = time.perf_counter() - t
+    def getxattr():
+        t = time.perf_counter()
+        for _ in range(n):
+            try:
+                os.getxattr(probe, "user.missing")
+            except OSError:
+                pass
+        return (time.perf_counter() - t) / n * 1e6
+    step("getxattr", getxattr)
+    old = os.path.join(root, "old")
+    step("lookup", lambda: timed(lambda: [os.lstat(os.path.join(old, f"f{i}")) for i in range(files)]))
 
     new = os.path.join(root, "new")
-    os.mkdir(new)
+    dirs = 100
+    per = max(1, files // dirs)
+    names = [os.path.join(new, str(d), str(i)) for d in range(dirs) for i in range(per)]
     payload = b"y" * 1024
-    t = time.perf_counter()
-    for i in range(files):
-        with open(os.path.join(new, f"f{i}"), "wb") as f:
-            f.write(payload)
-    create_s = time.perf_counter() - t
 
-    t = time.perf_counter()
-    for i in range(files):
-        os.unlink(os.path.join(root, "old", f"f{i}"))
-    unlink_s = time.perf_counter() - t
-    return {"getxattr": getxattr_us, "stat": stat_s, "create": create_s, "unlink": unlink_s}
+    def create():
+        os.mkdir(new)
+        for d in range(dirs):
+            os.mkdir(os.path.join(new, str(d)))
+        for p in names:
+            with open(p, "wb") as f:
+                f.write(payload)
+
+    def read():
+        for p in names:
+            with open(p, "rb") as f:
+                f.read()
+
+    def unlink():
+        for p in names:
+            os.unlink(p)
+        for d in range(dirs):
+            os.rmdir(os.path.join(new, str(d)))
+    step("create", lambda: timed(create))
+    step("stat", lambda: timed(lambda: [os.stat(p) for p in names]))
+    step("read", lambda: timed(read))
+    step("unlink", lambda: timed(unlink))
+    step("first_unlink", lambda: timed(lambda: [os.unlink(os.path.join(old, f"f{i}")) for i in range(files)]))
+
+    repo = os.path.join(root, "repo")
+
+    def status():
+        subprocess.run(GIT + ["-C", repo, "status", "--porcelain"], check=True,
+                       stdout=subprocess.DEVNULL)
+    step("git_status_cold", lambda: timed(status))
+    step("git_status_warm", lambda: statistics.median(timed(status) for _ in range(3)))
+    step("rm_rf", lambda: timed(lambda: subprocess.run(["rm", "-rf", repo], check=True)))
+    return res, reqs
 
 
-def fresh_src(base, files):
+def fresh_src(base, files, git_files):
     src = tempfile.mkdtemp(prefix="src.", dir=base)
     old = os.path.join(src, "old")
     os.mkdir(old)
     for i in range(files):
         with open(os.path.join(old, f"f{i}"), "wb") as f:
             f.write(b"z" * 100)
+    repo = os.path.join(src, "repo")
+    for i in range(git_files):
+        d = os.path.join(repo, f"d{i // 100}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i}.txt"), "w") as f:
+            f.write(f"line {i}\n" * 20)
+    subprocess.run(GIT + ["init", "-q", repo], check=True)
+    subprocess.run(GIT + ["-C", repo, "add", "-A"], check=True)
+    subprocess.run(GIT + ["-C", repo, "-c", "user.name=b", "-c", "user.email=b@b", "commit",
+                          "-qm", "tree"], check=True)
     subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
     return src
 
 
@@ -83,16 +172,21 @@ def transport(binary, mnt):
     return "(not reported)"
 
 
-def run_mounted(spec, base, files):
+def is_mounted(mnt):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == mnt for line in f)
+
+
+def run_mounted(spec, base, a):
     binary, *args = spec.split(",")
-    src = fresh_src(base, files)
+    src = fresh_src(base, a.files, a.git_files)
     mnt = tempfile.mkdtemp(prefix="mnt.", dir=base)
     state = tempfile.mkdtemp(prefix="state.", dir=base)
     os.rmdir(state)
     try:
         subprocess.run([binary, "mount", src, mnt, "--state-dir", state, *args], check=True)
         print(f"  {spec}: transport {transport(binary, mnt)}", flush=True)
-        return measure(mnt, files)
+        return measure(mnt, a.files, Counter(binary, mnt))
     finally:
         r = subprocess.run([binary, "umount", mnt], capture_output=True, timeout=60)
         if r.returncode != 0:
@@ -101,10 +195,32 @@ def run_mounted(spec, base, files):
             shutil.rmtree(d, ignore_errors=True)
 
 
-def run_native(base, files):
-    src = fresh_src(base, files)
+def run_reference(hp_args, base, a):
+    src = fresh_src(base, a.files, a.git_files)
+    mnt = tempfile.mkdtemp(prefix="mnt.", dir=base)
+    proc = subprocess.Popen([*hp_args, src, mnt])
     try:
-        return measure(src, files)
+        deadline = time.monotonic() + 10
+        while not is_mounted(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{hp_args} did not mount {mnt}")
+            time.sleep(0.05)
+        return measure(mnt, a.files, Counter(None, mnt))
+    finally:
+        subprocess.run(["umount", mnt])
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            subprocess.run(["umount", "-l", mnt])
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def run_native(base, a):
+    src = fresh_src(base, a.files, a.git_files)
+    try:
+        return measure(src, a.files, Counter(None, src))
     finally:
         shutil.rmtree(src, ignore_errors=True)
 
@@ -112,16 +228,25 @@ def run_native(base, files):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--files", type=int, default=5000)
+    ap.add_argument("--files", type=int, default=10000)
+    ap.add_argument("--git-files", type=int, default=5000)
     ap.add_argument("--enable-uring", action="store_true")
+    ap.add_argument("--reference", metavar="PASSTHROUGH_HP")
     ap.add_argument("binaries", nargs="+", metavar="NAME=BIN")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-roundtrip: needs root (FUSE mounts)")
-    bins = [b.split("=", 1) for b in a.binaries]
+    configs = {}
+    for b in a.binaries:
+        name, spec = b.split("=", 1)
+        configs[name] = ("checkpointfs", spec)
+    if a.reference:
+        configs["hp"] = ("reference", [a.reference, "--foreground"])
+        configs["hp-uring"] = ("reference", [a.reference, "--foreground", "-o", "io_uring"])
     base = tempfile.mkdtemp(prefix="cpfs-rt.", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
-    names = ["native"] + [n for n, _ in bins]
+    names = ["native"] + list(configs)
     results = {n: [] for n in names}
+    requests = {n: [] for n in names}
     param = "/sys/module/fuse/parameters/enable_uring"
     param_was = None
     try:
@@ -133,28 +258,48 @@ def main():
         for r in range(a.rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for n in order:
-                res = run_native(base, a.files) if n == "native" else run_mounted(dict(bins)[n], base, a.files)
+                if n == "native":
+                    res, req = run_native(base, a)
+                elif configs[n][0] == "reference":
+                    res, req = run_reference(configs[n][1], base, a)
+                else:
+                    res, req = run_mounted(configs[n][1], base, a)
                 results[n].append(res)
+                requests[n].append(req)
                 print(f"round {r + 1} {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in res.items()), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
         if param_was is not None:
             with open(param, "w") as f:
                 f.write(param_was)
-    keys = ["getxattr", "stat", "create", "unlink"]
-    units = {"getxattr": "µs", "stat": "s", "create": "s", "unlink": "s"}
-    med = {n: {k: statistics.median(x[k] for x in results[n]) for k in keys} for n in names}
-    print(f"\nmedians of {a.rounds} rounds, {a.files} files (ratio to native):")
+    med = {n: {k: statistics.median(x[k] for x in results[n]) for k in KEYS} for n in names}
+    print(f"\nmedians of {a.rounds} rounds, {a.files} files, git repository of {a.git_files} "
+          "files (ratio to native):")
     print("| workload | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
-    for k in keys:
-        cells = [f"{med['native'][k]:.3f} {units[k]}"]
+    for k in KEYS:
+        cells = [f"{med['native'][k]:.3f} {UNITS[k]}"]
         for n in names[1:]:
-            cells.append(f"{med[n][k]:.3f} {units[k]} ({med[n][k] / med['native'][k]:.1f}×)")
+            cells.append(f"{med[n][k]:.3f} {UNITS[k]} ({med[n][k] / med['native'][k]:.2f}×)")
         print(f"| {k} | " + " | ".join(cells) + " |")
-    if len(names) > 2:
-        first = names[1]
-        for n in names[2:]:
+    for n in names[1:]:
+        if configs[n][0] != "checkpointfs":
+            continue
+        rtt = med[n]["getxattr"] / 1e6
+        print(f"\n{n}: FUSE requests per workload (last round) and the floor "
+              f"(native + requests × {med[n]['getxattr']:.1f} µs)")
+        print("| workload | requests | floor | ratio to floor |")
+        print("|---|---|---:|---:|")
+        for k in KEYS[1:]:
+            req = requests[n][-1][k]
+            total = sum(req.values())
+            floor = med["native"][k] + total * rtt
+            detail = ", ".join(f"{op} {c}" for op, c in sorted(req.items(), key=lambda x: -x[1]))
+            print(f"| {k} | {total}: {detail} | {floor:.3f} s | {med[n][k] / floor:.2f}× |")
+    fuse = names[1:]
+    if len(fuse) > 1:
+        first = fuse[0]
+        for n in fuse[1:]:
             print(f"getxattr round trip: {n} {med[n]['getxattr']:.2f} µs, {first} "
                   f"{med[first]['getxattr']:.2f} µs: {med[n]['getxattr'] / med[first]['getxattr']:.2f}× {first}'s")
 

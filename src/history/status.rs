@@ -63,6 +63,10 @@ pub struct IoMode {
     /// FUSE over io_uring is in use.
     #[serde(default)]
     pub io_uring: bool,
+    /// FUSE requests the daemon has served since it started, by opcode (`LOOKUP`: n); a
+    /// benchmark reads it before and after an operation to count the requests it sent.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub requests: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

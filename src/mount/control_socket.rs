@@ -660,6 +660,7 @@ fn handle(
                         crate::transport::session::transport(),
                         crate::transport::session::Transport::IoUring { .. }
                     ),
+                    requests: crate::transport::session::request_counts(),
                 });
                 json_document(&report)
             }),

@@ -122,6 +122,26 @@ const READ_BUF_SIZE: usize = MAX_WRITE as usize + 4096;
 /// INTERRUPT requests seen (answered ENOSYS; see the module docs).
 static INTERRUPTS: AtomicU64 = AtomicU64::new(0);
 
+/// Requests served, by opcode (both transports; INIT not counted): what `status --json`
+/// reports as `io.requests`, so a benchmark can print how many requests an operation cost.
+/// One relaxed increment per request.
+static REQUESTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+/// Requests served so far, by opcode name (`LOOKUP`), only those seen at least once.
+pub fn request_counts() -> std::collections::BTreeMap<String, u64> {
+    REQUESTS
+        .iter()
+        .enumerate()
+        .filter_map(|(op, n)| {
+            let n = n.load(Ordering::Relaxed);
+            (n > 0).then(|| {
+                let name = opcode::name(op as u32).map_or_else(|| format!("OP{op}"), String::from);
+                (name, n)
+            })
+        })
+        .collect()
+}
+
 /// Serves the connection behind `dev` (a mounted `/dev/fuse` fd) until it ends. Calls the
 /// adapter's `destroy` once every reader has stopped.
 pub fn run(adapter: Arc<FuseAdapter>, dev: Arc<OwnedFd>, cfg: SessionConfig) -> io::Result<()> {
@@ -570,6 +590,9 @@ pub fn handle(
     out: &mut ReplyBuf,
 ) -> Handled {
     let unique = req.header.unique;
+    if let Some(n) = REQUESTS.get(req.header.opcode as usize) {
+        n.fetch_add(1, Ordering::Relaxed);
+    }
     match req.op {
         Op::Destroy => {
             out.start(unique).finish();

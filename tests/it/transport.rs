@@ -167,3 +167,46 @@ fn with_enable_uring_off_the_mount_says_once_why_it_uses_dev_fuse() {
         m.daemon_log()
     );
 }
+
+/// `io.requests` of `status --json`: requests served, by opcode.
+fn requests(m: &TestMount, op: &str) -> u64 {
+    common::status_io(m)["requests"][op].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn status_counts_the_requests_served_by_opcode_on_both_transports() {
+    for (args, ring) in [(&[][..], true), (&["--no-io-uring"][..], false)] {
+        let _on = EnableUring::set(true);
+        let m = TestMount::unmounted(args);
+        fs::write(m.src.join("f"), b"x").unwrap();
+        for i in 0..30 {
+            fs::write(m.src.join(format!("n{i}")), b"y").unwrap();
+        }
+        let mut m = m;
+        m.mount();
+        assert_eq!(common::status_io(&m)["io_uring"], ring);
+        uncached_requests(&m, 1); // looks f up
+        let getxattr = requests(&m, "GETXATTR");
+        uncached_requests(&m, 40);
+        assert_eq!(requests(&m, "GETXATTR") - getxattr, 40, "{args:?}");
+        // Thirty names never looked up before: one LOOKUP each. `status` itself may look
+        // up a few names in the mount (its own path, entries whose timeout ran out).
+        let lookup = requests(&m, "LOOKUP");
+        for i in 0..30 {
+            fs::symlink_metadata(m.mnt.join(format!("n{i}"))).unwrap();
+        }
+        let looked_up = requests(&m, "LOOKUP") - lookup;
+        assert!(
+            (30..=36).contains(&looked_up),
+            "{args:?}: {looked_up} LOOKUPs"
+        );
+        let io = common::status_io(&m);
+        let names: Vec<&String> = io["requests"].as_object().unwrap().keys().collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| n.chars().all(|c| c.is_ascii_uppercase() || c == '_')),
+            "{names:?}"
+        );
+    }
+}
