@@ -5,6 +5,7 @@
 //! docs/json-output.md) from it, so they always carry the same facts. Nothing here renders.
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,6 @@ use super::changes::{ChangeKind, Point};
 use super::store::object_name;
 use super::view::{ViewContent, ViewEntry};
 use crate::transcript::record::{EntryKind, FILE_HISTORY_SNAPSHOT, rfc3339};
-use crate::transcript::replay::read_transcript;
 
 pub const LOG_SCHEMA: &str = "checkpointfs.log/3";
 pub const DIFF_SCHEMA: &str = "checkpointfs.diff/1";
@@ -259,41 +259,18 @@ pub fn json_document<T: Serialize>(report: &T) -> io::Result<String> {
 impl History {
     /// (epoch, path) → who changed it, from the transcript. Epoch k is the time between
     /// checkpoint k-1 and checkpoint k (0: before the first).
-    pub(crate) fn changers_by_epoch(&self) -> io::Result<BTreeMap<(usize, String), Changers>> {
-        let outcome = read_transcript(&self.state_dir().join("transcript.jsonl"))
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        let mut epoch = 0;
-        let mut out: BTreeMap<(usize, String), Changers> = BTreeMap::new();
-        for r in outcome.records {
-            if r.record_type != FILE_HISTORY_SNAPSHOT {
-                continue;
-            }
-            if !r.is_snapshot_update {
-                epoch += 1;
-                continue;
-            }
-            for (path, b) in r.snapshot.tracked_file_backups {
-                if let Some(a) = b.actor {
-                    if is_own_rewind(&a) {
-                        // A rewind restores recorded states: it is nobody's new work.
-                        out.entry((epoch, path)).or_default().rewound = true;
-                        continue;
-                    }
-                    let name = if a.comm.is_empty() {
-                        format!("pid {}", a.pid)
-                    } else {
-                        a.comm
-                    };
-                    out.entry((epoch, path))
-                        .or_default()
-                        .by_session
-                        .entry(a.session)
-                        .or_default()
-                        .insert(name);
-                }
-            }
-        }
-        Ok(out)
+    ///
+    /// Kept between calls ([`ChangersCache`]): the first reads the whole transcript, later
+    /// ones only what was appended since, so a page of `checkpointfs ui` or a `log` costs
+    /// what was recorded since the last one, not the session's length.
+    pub(crate) fn changers_by_epoch(&self) -> io::Result<Arc<BTreeMap<(usize, String), Changers>>> {
+        let path = self.state_dir().join("transcript.jsonl");
+        let mut cache = self
+            .changers_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        cache.catch_up(&path)?;
+        Ok(cache.changers.clone())
     }
 
     /// Every checkpoint, oldest first, with what changed after it and who changed it (see
@@ -445,6 +422,107 @@ pub(crate) struct Changers {
     pub rewound: bool,
 }
 
+/// The transcript's changers as far as it was read: see [`History::changers_by_epoch`].
+/// Between gcs the transcript is only appended to; gc and the format migrations replace it
+/// whole (a rename over it: a new inode), after which it is read again from the start.
+#[derive(Default)]
+pub(crate) struct ChangersCache {
+    /// (st_dev, st_ino) of the file read so far.
+    file: Option<(u64, u64)>,
+    /// Where the last complete line read ends.
+    read: crate::transcript::replay::Position,
+    /// The epoch the records after `read` are in.
+    epoch: usize,
+    changers: Arc<BTreeMap<(usize, String), Changers>>,
+}
+
+impl ChangersCache {
+    /// Reads what the transcript at `path` gained since the last call (everything, if it was
+    /// replaced or is read for the first time).
+    fn catch_up(&mut self, path: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                *self = ChangersCache::default();
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(crate::sys::context(
+                    format!("opening {}", path.display()),
+                    e,
+                ));
+            }
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| crate::sys::context(format!("reading {}", path.display()), e))?;
+        let id = (meta.dev(), meta.ino());
+        if self.file != Some(id) || meta.len() < self.read.offset {
+            *self = ChangersCache {
+                file: Some(id),
+                ..ChangersCache::default()
+            };
+        }
+        if meta.len() == self.read.offset {
+            return Ok(());
+        }
+        // Copy-on-write: a LogIndex still holding the map keeps its own, unchanged copy.
+        let changers = Arc::make_mut(&mut self.changers);
+        let epoch = &mut self.epoch;
+        match crate::transcript::replay::scan_transcript_from(path, file, self.read, |r| {
+            add_changers(changers, epoch, r)
+        }) {
+            Ok(end) => {
+                self.read = end;
+                Ok(())
+            }
+            Err(e) => {
+                // Part of what was read is in the map already: start over next time.
+                *self = ChangersCache::default();
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Folds one transcript record into `changers`; a checkpoint record starts the next epoch.
+fn add_changers(
+    changers: &mut BTreeMap<(usize, String), Changers>,
+    epoch: &mut usize,
+    r: crate::transcript::record::Record,
+) {
+    if r.record_type != FILE_HISTORY_SNAPSHOT {
+        return;
+    }
+    if !r.is_snapshot_update {
+        *epoch += 1;
+        return;
+    }
+    for (path, b) in r.snapshot.tracked_file_backups {
+        let Some(a) = b.actor else {
+            continue;
+        };
+        if is_own_rewind(&a) {
+            // A rewind restores recorded states: it is nobody's new work.
+            changers.entry((*epoch, path)).or_default().rewound = true;
+            continue;
+        }
+        let name = if a.comm.is_empty() {
+            format!("pid {}", a.pid)
+        } else {
+            a.comm
+        };
+        changers
+            .entry((*epoch, path))
+            .or_default()
+            .by_session
+            .entry(a.session)
+            .or_default()
+            .insert(name);
+    }
+}
+
 /// Whether a record's actor is the daemon itself, i.e. a rewind writing through the mount:
 /// the daemon names its own threads `checkpointfs` and records no executable for them.
 fn is_own_rewind(a: &crate::transcript::record::Actor) -> bool {
@@ -486,7 +564,7 @@ struct Span {
 pub(crate) struct LogIndex {
     /// The kept checkpoints, oldest first.
     pub checkpoints: Vec<super::model::Checkpoint>,
-    changers: BTreeMap<(usize, String), Changers>,
+    changers: Arc<BTreeMap<(usize, String), Changers>>,
     index: super::changes::VersionIndex,
     first_kept: usize,
     history_dropped: bool,
@@ -670,14 +748,18 @@ impl History {
         let after = k.saturating_sub(first_kept) + 1;
         let last = until.map_or(usize::MAX, |u| u.saturating_sub(first_kept));
         let mut by_path: BTreeMap<String, Changers> = BTreeMap::new();
-        for ((epoch, path), who) in self.changers_by_epoch()? {
-            if epoch < after || epoch > last {
+        for ((epoch, path), who) in self.changers_by_epoch()?.iter() {
+            if *epoch < after || *epoch > last {
                 continue;
             }
-            let merged = by_path.entry(path).or_default();
+            let merged = by_path.entry(path.clone()).or_default();
             merged.rewound |= who.rewound;
-            for (s, names) in who.by_session {
-                merged.by_session.entry(s).or_default().extend(names);
+            for (s, names) in &who.by_session {
+                merged
+                    .by_session
+                    .entry(s.clone())
+                    .or_default()
+                    .extend(names.iter().cloned());
             }
         }
         let mut out = BTreeMap::new();
@@ -968,6 +1050,114 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Layer 1 record of `path` changed by `comm`, or a checkpoint record (`comm` None).
+    fn line(seq: u64, path: &str, comm: Option<&str>) -> String {
+        use crate::transcript::record::{Actor, Record};
+        use crate::transcript::testutil::file_entry;
+        const T: &str = "2026-01-02T03:04:05.678Z";
+        let r = match comm {
+            Some(comm) => {
+                let mut b = file_entry(1, &"0".repeat(64), T);
+                b.actor = Some(Actor {
+                    pid: 7,
+                    uid: 0,
+                    comm: comm.to_string(),
+                    exe: Some("/bin/x".into()),
+                    session: None,
+                });
+                Record::snapshot_update(None, seq, T.into(), BTreeMap::from([(path.into(), b)]))
+            }
+            None => Record::checkpoint_delta(&format!("c{seq}"), seq, T.into(), BTreeMap::new()),
+        };
+        serde_json::to_string(&r).unwrap() + "\n"
+    }
+
+    fn names(map: &BTreeMap<(usize, String), Changers>) -> Vec<(usize, String, Vec<String>)> {
+        map.iter()
+            .map(|((e, p), c)| (*e, p.clone(), c.actors()))
+            .collect()
+    }
+
+    /// The cache read in steps as the transcript grows (with a write under way at the end)
+    /// gives what one read of the whole file gives; a transcript replaced whole (gc) is read
+    /// again from the start.
+    #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test writes a transcript as the writer and gc would"
+    )]
+    fn the_changers_cache_reads_only_what_was_appended_and_starts_over_on_a_new_file() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("transcript.jsonl");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let mut cache = ChangersCache::default();
+        cache.catch_up(&path).unwrap();
+        assert!(cache.changers.is_empty());
+
+        file.write_all(line(1, "a", Some("sed")).as_bytes())
+            .unwrap();
+        file.write_all(line(2, "", None).as_bytes()).unwrap();
+        cache.catch_up(&path).unwrap();
+        let held = cache.changers.clone(); // a LogIndex of an earlier request
+        // A record written halfway: not read until its line is complete.
+        let third = line(3, "b", Some("vim"));
+        let (head, tail) = third.split_at(20);
+        file.write_all(head.as_bytes()).unwrap();
+        cache.catch_up(&path).unwrap();
+        assert_eq!(
+            names(&cache.changers),
+            [(0, "a".into(), vec!["sed".into()])]
+        );
+        file.write_all(tail.as_bytes()).unwrap();
+        file.write_all(line(4, "", None).as_bytes()).unwrap();
+        file.write_all(line(5, "a", Some("bash")).as_bytes())
+            .unwrap();
+        cache.catch_up(&path).unwrap();
+        let expected = [
+            (0, "a".to_string(), vec!["sed".to_string()]),
+            (1, "b".into(), vec!["vim".into()]),
+            (2, "a".into(), vec!["bash".into()]),
+        ];
+        assert_eq!(names(&cache.changers), expected);
+        assert_eq!(names(&held), expected[..1], "the earlier map is unchanged");
+        let mut whole = ChangersCache::default();
+        whole.catch_up(&path).unwrap();
+        assert_eq!(names(&whole.changers), expected);
+        assert_eq!(whole.read, cache.read);
+
+        // gc: a compacted transcript renamed over the old one.
+        let new = dir.path().join("new.jsonl");
+        std::fs::write(&new, line(9, "z", Some("cp"))).unwrap();
+        std::fs::rename(&new, &path).unwrap();
+        cache.catch_up(&path).unwrap();
+        assert_eq!(names(&cache.changers), [(0, "z".into(), vec!["cp".into()])]);
+    }
+
+    /// A damaged line stops the read with its line number, and the next read starts over
+    /// rather than counting the records before it twice.
+    #[test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test writes a transcript as the writer and gc would"
+    )]
+    fn the_changers_cache_names_a_damaged_line_and_then_starts_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("transcript.jsonl");
+        let good = line(1, "a", Some("sed")) + &line(2, "", None);
+        std::fs::write(&path, format!("{good}{{not json\n")).unwrap();
+        let mut cache = ChangersCache::default();
+        let e = cache.catch_up(&path).unwrap_err().to_string();
+        assert!(e.contains("line 3"), "{e}");
+        std::fs::write(&path, &good).unwrap();
+        cache.catch_up(&path).unwrap();
+        assert_eq!(
+            names(&cache.changers),
+            [(0, "a".into(), vec!["sed".into()])]
+        );
+        assert_eq!(cache.epoch, 1);
+    }
 
     fn who(session: Option<&str>, name: &str) -> Changers {
         let mut c = Changers::default();

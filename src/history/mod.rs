@@ -185,6 +185,10 @@ pub struct History {
     copying: std::sync::atomic::AtomicUsize,
     pending_cond: Condvar,
     stopping: std::sync::atomic::AtomicBool,
+    /// Who changed what, read from the transcript as it grows (see
+    /// [`History::changers_by_epoch`]). Lock order: a leaf; held across the read of the
+    /// transcript's new lines, which only log and browse requests wait for.
+    changers_cache: Mutex<logdiff::ChangersCache>,
 }
 
 impl History {

@@ -155,6 +155,7 @@ fn assemble(
         busy_cond: Condvar::new(),
         pending: Mutex::new(pending),
         copying: Default::default(),
+        changers_cache: Default::default(),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
     }))

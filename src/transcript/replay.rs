@@ -116,13 +116,53 @@ pub fn read_transcript(path: &Path) -> Result<ReadOutcome, ReplayError> {
 /// this plus a `Vec`). On `Err`, `visit` has already seen the records before the bad line.
 pub fn scan_transcript(
     path: &Path,
-    mut visit: impl FnMut(Record),
+    visit: impl FnMut(Record),
 ) -> Result<Option<usize>, ReplayError> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(ReplayError::Io(fsutil::with_path(path, "opening", e))),
     };
+    scan_lines(path, file, Position::default(), true, visit).map(|(_, torn)| torn)
+}
+
+/// Where a scan of a transcript stopped: just after the `line`th line, `offset` bytes into
+/// the file.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub offset: u64,
+    pub line: usize,
+}
+
+/// The records of the complete (`\n`-terminated) lines of `file` (the transcript at
+/// `path`) from `from` on, for a reader that keeps up with a growing transcript: returns
+/// where the last complete line ends, from where the next call goes on. An unterminated last
+/// line is left for then (a write under way); the rules are otherwise
+/// [`scan_transcript`]'s, with line numbers counted from `from.line`. The caller makes sure
+/// `from` is a line boundary of this very file (the file is only ever appended to, or
+/// replaced whole).
+pub fn scan_transcript_from(
+    path: &Path,
+    file: File,
+    from: Position,
+    visit: impl FnMut(Record),
+) -> Result<Position, ReplayError> {
+    scan_lines(path, file, from, false, visit).map(|(end, _)| end)
+}
+
+fn scan_lines(
+    path: &Path,
+    mut file: File,
+    from: Position,
+    visit_unterminated: bool,
+    mut visit: impl FnMut(Record),
+) -> Result<(Position, Option<usize>), ReplayError> {
+    use std::io::Seek;
+    if from.offset > 0 {
+        file.seek(io::SeekFrom::Start(from.offset))
+            .map_err(|e| ReplayError::Io(fsutil::with_path(path, "reading", e)))?;
+    }
+    let mut end = from;
     let mut reader = BufReader::with_capacity(256 * 1024, file);
     let corrupt = |line: usize, reason: String| ReplayError::Corrupt {
         path: path.to_owned(),
@@ -130,7 +170,7 @@ pub fn scan_transcript(
         reason,
     };
     let mut buf = Vec::new();
-    let mut line_no = 0usize;
+    let mut line_no = from.line;
     let mut prev: Option<(u64, usize)> = None;
     loop {
         buf.clear();
@@ -138,12 +178,20 @@ pub fn scan_transcript(
             .read_until(b'\n', &mut buf)
             .map_err(|e| ReplayError::Io(fsutil::with_path(path, "reading", e)))?;
         if n == 0 {
-            return Ok(None);
+            return Ok((end, None));
         }
         line_no += 1;
         // read_until only stops without a '\n' at end of file, so an unterminated line is
         // always the last one.
         let terminated = buf.last() == Some(&b'\n');
+        if terminated {
+            end = Position {
+                offset: end.offset + n as u64,
+                line: line_no,
+            };
+        } else if !visit_unterminated {
+            return Ok((end, None));
+        }
         let text = if terminated {
             &buf[..buf.len() - 1]
         } else {
@@ -162,7 +210,7 @@ pub fn scan_transcript(
                     text.len(),
                     syntax_reason(&e)
                 );
-                return Ok(Some(line_no));
+                return Ok((end, Some(line_no)));
             }
             Err(e) => return Err(corrupt(line_no, syntax_reason(&e))),
         };
