@@ -66,8 +66,25 @@ impl Normaliser {
         let s = replace_times(&s);
         let s = replace_number_after(&s, "daemon pid ", "<PID>");
         let s = replace_number_after(&s, "\"daemon_pid\": ", "<PID>");
-        replace_number_after(&s, "\"time_unix_ns\": ", "<NS>")
+        let s = replace_number_after(&s, "\"time_unix_ns\": ", "<NS>");
+        replace_request_counts(&s)
     }
+}
+
+/// `"requests": { ... }` (status's FUSE request counts, which depend on what the kernel
+/// had cached) → `"requests": <COUNTS>`.
+fn replace_request_counts(s: &str) -> String {
+    const KEY: &str = "\"requests\": {";
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find(KEY) {
+        out.push_str(&rest[..at]);
+        out.push_str("\"requests\": <COUNTS>");
+        let after = &rest[at + KEY.len()..];
+        rest = after.find('}').map_or("", |end| &after[end + 1..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `2026-12-07T07:17:14.706Z` → `<TIME>`.
