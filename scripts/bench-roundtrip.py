@@ -37,6 +37,7 @@ Needs root (mount). Every mount is unmounted on every exit path.
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -58,21 +59,39 @@ def timed(fn):
 
 
 class Counter:
-    """FUSE requests a checkpointfs daemon served, by opcode (None: not checkpointfs)."""
+    """FUSE requests a checkpointfs daemon served, by opcode, and the CPU time its threads
+    used (`_cpu_ns`, from /proc/PID/task/*/schedstat); nothing for another filesystem."""
 
     def __init__(self, binary, mnt):
-        self.binary, self.mnt = binary, mnt
+        self.binary, self.mnt, self.pid = binary, mnt, None
 
     def now(self):
         if self.binary is None:
             return {}
         out = subprocess.run([self.binary, "status", "--json", self.mnt],
                              capture_output=True, text=True).stdout
-        return json.loads(out).get("io", {}).get("requests", {})
+        status = json.loads(out)
+        counts = dict(status.get("io", {}).get("requests", {}))
+        self.pid = status.get("daemon_pid")
+        counts["_cpu_ns"] = daemon_cpu_ns(self.pid)
+        return counts
 
     @staticmethod
     def delta(before, after):
         return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+
+
+def daemon_cpu_ns(pid):
+    """Nanoseconds the daemon's threads have run on a CPU (schedstat's first field)."""
+    total = 0
+    task_dir = f"/proc/{pid}/task"
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return total
 
 
 def measure(root, files, counter):
@@ -198,7 +217,12 @@ def run_mounted(spec, base, a):
 def run_reference(hp_args, base, a):
     src = fresh_src(base, a.files, a.git_files)
     mnt = tempfile.mkdtemp(prefix="mnt.", dir=base)
-    proc = subprocess.Popen([*hp_args, src, mnt])
+    # passthrough_hp keeps a descriptor per inode it knows (2 × --files + 100 here): up to
+    # the hard limit (checked in main).
+    def raise_fd_limit():
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    proc = subprocess.Popen([*hp_args, src, mnt], preexec_fn=raise_fd_limit)
     try:
         deadline = time.monotonic() + 10
         while not is_mounted(mnt):
@@ -236,6 +260,11 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-roundtrip: needs root (FUSE mounts)")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if a.reference and 2 * a.files + 1000 > hard:
+        sys.exit(f"bench-roundtrip: passthrough_hp keeps a descriptor per inode: --files "
+                 f"{a.files} needs ~{2 * a.files + 1000}, the hard limit is {hard}; use "
+                 f"--files {(hard - 1000) // 2} or less")
     configs = {}
     for b in a.binaries:
         name, spec = b.split("=", 1)
@@ -286,16 +315,24 @@ def main():
         if configs[n][0] != "checkpointfs":
             continue
         rtt = med[n]["getxattr"] / 1e6
-        print(f"\n{n}: FUSE requests per workload (last round) and the floor "
-              f"(native + requests × {med[n]['getxattr']:.1f} µs)")
-        print("| workload | requests | floor | ratio to floor |")
-        print("|---|---|---:|---:|")
-        for k in KEYS[1:]:
-            req = requests[n][-1][k]
+        print(f"\n{n}: FUSE requests per workload (last round), the floor "
+              f"(native + requests × {med[n]['getxattr']:.1f} µs), and the daemon's CPU time "
+              "per request (median of the rounds)")
+        print("| workload | requests | floor | ratio to floor | daemon CPU per request |")
+        print("|---|---|---:|---:|---:|")
+        for k in KEYS:
+            req = dict(requests[n][-1][k])
+            req.pop("_cpu_ns", None)
             total = sum(req.values())
-            floor = med["native"][k] + total * rtt
+            cpu = statistics.median(
+                r[k].get("_cpu_ns", 0) / max(1, sum(v for op, v in r[k].items() if op != "_cpu_ns"))
+                for r in requests[n]) / 1e3
             detail = ", ".join(f"{op} {c}" for op, c in sorted(req.items(), key=lambda x: -x[1]))
-            print(f"| {k} | {total}: {detail} | {floor:.3f} s | {med[n][k] / floor:.2f}× |")
+            if k == "getxattr":  # per call already: the round trip itself
+                print(f"| {k} | {total}: {detail} | – | – | {cpu:.1f} µs |")
+                continue
+            floor = med["native"][k] + total * rtt
+            print(f"| {k} | {total}: {detail} | {floor:.3f} s | {med[n][k] / floor:.2f}× | {cpu:.1f} µs |")
     fuse = names[1:]
     if len(fuse) > 1:
         first = fuse[0]
