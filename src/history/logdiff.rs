@@ -297,9 +297,37 @@ impl History {
     /// What the log of every checkpoint needs, read once (the transcript's changers, the
     /// version index, the attribution); [`History::log_checkpoint`] then lists any one
     /// checkpoint at the cost of its own changes, so a page of the log costs that page.
-    pub(crate) fn log_index(&self) -> io::Result<LogIndex> {
-        let checkpoints = self.checkpoints();
+    ///
+    /// Kept between requests while nothing was recorded (the key: where the transcript was
+    /// read to, and the next record's seq), so that paging through `checkpointfs ui` costs
+    /// each page its own rows.
+    pub(crate) fn log_index(&self) -> io::Result<Arc<LogIndex>> {
         let changers = self.changers_by_epoch()?;
+        // Read before building: an index built from a newer state than its key is rebuilt
+        // at the next request, never one from an older state kept.
+        let key = {
+            let cache = self
+                .changers_cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            (cache.file, cache.read.offset, self.lock().next_seq)
+        };
+        let mut kept = self
+            .log_index_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some((k, index)) = kept.as_ref()
+            && *k == key
+        {
+            return Ok(index.clone());
+        }
+        let index = Arc::new(self.build_log_index(changers));
+        *kept = Some((key, index.clone()));
+        Ok(index)
+    }
+
+    fn build_log_index(&self, changers: Arc<BTreeMap<(usize, String), Changers>>) -> LogIndex {
+        let checkpoints = self.checkpoints();
         let index = self.versions_by_checkpoint();
         // Epoch `i` counts intervals as the transcript does (gc compacts it, so epoch 0 ends
         // at the oldest kept checkpoint); `first_kept + i` is checkpoint i's index in memory.
@@ -308,7 +336,7 @@ impl History {
             checkpoints.iter().map(|c| c.session.as_deref()).collect();
         let next_own = next_of_same_session(&sessions);
         let slots = attribute(&sessions, &changers);
-        Ok(LogIndex {
+        LogIndex {
             checkpoints,
             changers,
             index,
@@ -316,7 +344,7 @@ impl History {
             history_dropped,
             next_own,
             slots,
-        })
+        }
     }
 
     /// What changed before the first checkpoint (nothing known if gc dropped older ones).
@@ -421,6 +449,10 @@ pub(crate) struct Changers {
     /// A rewind (by this daemon) changed it too.
     pub rewound: bool,
 }
+
+/// What a kept [`LogIndex`] was built from: the transcript read so far (file, offset) and
+/// the model's next seq.
+pub(crate) type LogIndexKey = (Option<(u64, u64)>, u64, u64);
 
 /// The transcript's changers as far as it was read: see [`History::changers_by_epoch`].
 /// Between gcs the transcript is only appended to; gc and the format migrations replace it

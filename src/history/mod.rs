@@ -189,6 +189,10 @@ pub struct History {
     /// [`History::changers_by_epoch`]). Lock order: a leaf; held across the read of the
     /// transcript's new lines, which only log and browse requests wait for.
     changers_cache: Mutex<logdiff::ChangersCache>,
+    /// The last [`History::log_index`] and its key. Held while an index is built (log and
+    /// browse requests only), which takes `state`: lock order before `state`, never taken
+    /// with `changers_cache` held.
+    log_index_cache: Mutex<Option<(logdiff::LogIndexKey, Arc<logdiff::LogIndex>)>>,
 }
 
 impl History {

@@ -156,6 +156,7 @@ fn assemble(
         pending: Mutex::new(pending),
         copying: Default::default(),
         changers_cache: Default::default(),
+        log_index_cache: Default::default(),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
     }))
