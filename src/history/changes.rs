@@ -6,7 +6,7 @@ use std::io;
 
 use super::History;
 use super::view::ViewEntry;
-use crate::transcript::record::EntryKind;
+use crate::transcript::record::{EntryKind, EntryMeta};
 
 /// A point in the history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,10 +115,17 @@ impl History {
             }
             _ => self.lock().paths.keys().cloned().collect(),
         };
+        // Against the live tree, every path's attributes at once (a stat each).
+        let live = if a == Point::Now || b == Point::Now {
+            Some(self.current_metas(paths.iter().map(String::as_str))?)
+        } else {
+            None
+        };
         let mut out = BTreeMap::new();
-        for p in paths {
-            if let Some(change) = self.change_of(a, b, &p)? {
-                out.insert(p, change);
+        for p in &paths {
+            let now = live.as_ref().and_then(|l| l.get(p.as_str()));
+            if let Some(change) = self.change_between(a, b, p, now)? {
+                out.insert(p.clone(), change);
             }
         }
         Ok(out)
@@ -126,8 +133,23 @@ impl History {
 
     /// How tracked path `p` differs between `a` and `b`; `None`: it does not.
     pub(crate) fn change_of(&self, a: Point, b: Point, p: &str) -> io::Result<Option<Change>> {
-        let before = self.entry_at_point(a, p)?;
-        let after = self.entry_at_point(b, p)?;
+        self.change_between(a, b, p, None)
+    }
+
+    /// [`History::change_of`], with `p`'s live attributes if the caller has them already.
+    fn change_between(
+        &self,
+        a: Point,
+        b: Point,
+        p: &str,
+        now: Option<&Option<EntryMeta>>,
+    ) -> io::Result<Option<Change>> {
+        let entry = |at: Point| match (at, now) {
+            (Point::Now, Some(meta)) => Ok(super::view::live_view_entry(p, meta.clone())),
+            _ => self.entry_at_point(at, p),
+        };
+        let before = entry(a)?;
+        let after = entry(b)?;
         let kind = match (&before, &after) {
             (None, None) => return Ok(None),
             (None, Some(_)) => ChangeKind::Added,

@@ -641,6 +641,55 @@ impl History {
         Ok(meta_of(&sys::fstat(fd.as_fd())?))
     }
 
+    /// [`History::current_meta`] of many paths, each parent directory opened once while the
+    /// paths that follow share it (sorted paths mostly do): a comparison of every tracked
+    /// path with the live tree then costs an `fstatat` per path, not a walk from the root
+    /// and an open. Same answers: the parent is opened beneath SRC without following a
+    /// symlink (a symlink or a file on the way: absent), the name is not followed either.
+    pub(crate) fn current_metas<'a>(
+        &self,
+        rels: impl IntoIterator<Item = &'a str>,
+    ) -> io::Result<std::collections::HashMap<&'a str, Option<EntryMeta>>> {
+        let mut out = std::collections::HashMap::new();
+        // The parent the last path had, and its fd (`None`: not in the tree).
+        let mut parent: Option<(&str, Option<OwnedFd>)> = None;
+        for rel in rels {
+            if rel.is_empty() {
+                out.insert(rel, meta_of(&sys::fstat(self.source_fd.as_fd())?));
+                continue;
+            }
+            let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+            if parent.as_ref().is_none_or(|(d, _)| *d != dir) {
+                let fd = if dir.is_empty() {
+                    Some(self.source_fd.try_clone()?)
+                } else {
+                    self.open_existing(dir)?
+                };
+                parent = Some((dir, fd));
+            }
+            let meta = match parent.as_ref().and_then(|(_, fd)| fd.as_ref()) {
+                None => None,
+                Some(fd) => {
+                    let name = std::ffi::CString::new(name).map_err(|_| errno(libc::EINVAL))?;
+                    match sys::fstatat(fd.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) {
+                        Ok(st) => meta_of(&st),
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::ENOENT) | Some(libc::ENOTDIR)
+                            ) =>
+                        {
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            out.insert(rel, meta);
+        }
+        Ok(out)
+    }
+
     /// The current state of `rel` in SRC, content copied into the store. The bool says
     /// whether the store was written (so the record must be synced with it).
     pub(crate) fn capture(&self, rel: &str) -> io::Result<(VersionState, bool)> {

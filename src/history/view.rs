@@ -104,14 +104,7 @@ impl History {
         let Ok(rel_str) = std::str::from_utf8(rel) else {
             return Ok(None);
         };
-        let Some(meta) = self.current_meta(rel_str)? else {
-            return Ok(None);
-        };
-        let content = match meta.kind {
-            EntryKind::File | EntryKind::Symlink => ViewContent::Live(rel_str.to_string()),
-            _ => ViewContent::None,
-        };
-        Ok(Some(ViewEntry { meta, content }))
+        Ok(live_view_entry(rel_str, self.current_meta(rel_str)?))
     }
 
     /// Names and kinds in directory `rel` at checkpoint `k`, sorted by name.
@@ -258,6 +251,16 @@ pub(crate) fn join(parent: &str, name: &[u8]) -> Vec<u8> {
     }
     v.extend_from_slice(name);
     v
+}
+
+/// The view entry of live path `rel` whose attributes are `meta` (`None`: absent).
+pub(crate) fn live_view_entry(rel: &str, meta: Option<EntryMeta>) -> Option<ViewEntry> {
+    let meta = meta?;
+    let content = match meta.kind {
+        EntryKind::File | EntryKind::Symlink => ViewContent::Live(rel.to_string()),
+        _ => ViewContent::None,
+    };
+    Some(ViewEntry { meta, content })
 }
 
 #[cfg(test)]

@@ -394,3 +394,51 @@ fn diff_stat_and_json_show_type_changes_and_directory_modes() {
         (Some("0755"), Some("0700"))
     );
 }
+
+/// `diff` against the live tree sees changes made in SRC directly, behind the mount's back,
+/// as it did when each path was opened from the root on its own (the live attributes are
+/// now read a directory at a time): a file rewritten, a file removed, a tracked directory
+/// replaced by a symlink to a directory holding the same names (what is below it is not in
+/// the tree any more: a symlink is never followed), and a file replaced by a directory.
+#[test]
+fn diff_against_the_live_tree_sees_changes_made_behind_the_mounts_back() {
+    let mut m = TestMount::unmounted(&[]);
+    fs::create_dir_all(m.src.join("d/e")).unwrap();
+    fs::write(m.src.join("d/e/deep.txt"), "deep\n").unwrap();
+    fs::write(m.src.join("d/x.txt"), "x\n").unwrap();
+    fs::write(m.src.join("top.txt"), "top\n").unwrap();
+    fs::write(m.src.join("gone.txt"), "gone\n").unwrap();
+    fs::write(m.src.join("f"), "file\n").unwrap();
+    m.mount();
+    // Track everything through the mount, then checkpoint.
+    sh(
+        &m,
+        "touch d/e/deep.txt d/x.txt top.txt gone.txt f && chmod 644 d/e/deep.txt",
+    );
+    m.ctl("base").unwrap();
+    let mnt = m.mnt.to_str().unwrap();
+    assert_eq!(ok(&["diff", mnt, "base", "--stat"]), "");
+    // Behind the mount's back.
+    fs::write(m.src.join("top.txt"), "top, changed in SRC\n").unwrap();
+    fs::remove_file(m.src.join("gone.txt")).unwrap();
+    let elsewhere = m.root().join("elsewhere");
+    fs::create_dir_all(elsewhere.join("e")).unwrap();
+    fs::write(elsewhere.join("e/deep.txt"), "deep\n").unwrap();
+    fs::write(elsewhere.join("x.txt"), "x\n").unwrap();
+    fs::rename(m.src.join("d"), m.root().join("d-moved")).unwrap();
+    symlink(&elsewhere, m.src.join("d")).unwrap();
+    fs::remove_file(m.src.join("f")).unwrap();
+    fs::create_dir(m.src.join("f")).unwrap();
+    let d = json(&["diff", mnt, "base", "--json"]);
+    let change = |p: &str| file(&d, p)["change"].as_str().unwrap().to_string();
+    assert_eq!(change("top.txt"), "modified");
+    assert_eq!(change("gone.txt"), "deleted");
+    assert_eq!(
+        change("d/x.txt"),
+        "deleted",
+        "below a symlink: not in the tree"
+    );
+    assert_eq!(change("d/e/deep.txt"), "deleted");
+    assert_eq!(change("f"), "modified");
+    assert_eq!(file(&d, "f")["after"]["type"], "dir");
+}
