@@ -324,7 +324,13 @@ pub fn referenced_objects(records: &[Record]) -> HashSet<String> {
     records
         .iter()
         .flat_map(|r| r.snapshot.tracked_file_backups.values())
-        .filter_map(|b| b.backup_file_name.clone())
+        .flat_map(|b| {
+            let xattrs = b.meta.as_ref().and_then(|m| m.xattrs_object());
+            b.backup_file_name
+                .iter()
+                .cloned()
+                .chain(xattrs.map(str::to_owned))
+        })
         .collect()
 }
 

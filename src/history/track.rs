@@ -44,6 +44,7 @@ pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
         mtime_sec: st.st_mtime,
         mtime_nsec: st.st_mtime_nsec as u32,
         rdev: is_dev.then_some(st.st_rdev),
+        xattrs: None,
     })
 }
 
@@ -717,7 +718,51 @@ impl History {
             }
             _ => None,
         };
-        let wrote = object.is_some();
+        let (xattrs, wrote_xattrs) = self.record_xattrs(fd, meta.kind)?;
+        meta.xattrs = xattrs;
+        let wrote = object.is_some() || wrote_xattrs;
         Ok((VersionState::Present { meta, object }, wrote, linked))
+    }
+
+    /// The extended attributes of the object `fd` refers to, for a version of kind `kind`,
+    /// as `EntryMeta::xattrs` holds them: a regular file's or directory's set put into the
+    /// store (`""` if empty, no object), `None` for other kinds or a set that could not be
+    /// read (see [`super::xattrs`]). The bool says whether the store was written. Costs a
+    /// listxattr, and a getxattr per recorded name.
+    pub(super) fn record_xattrs(
+        &self,
+        fd: BorrowedFd<'_>,
+        kind: EntryKind,
+    ) -> io::Result<(Option<String>, bool)> {
+        if !matches!(kind, EntryKind::File | EntryKind::Dir) {
+            return Ok((None, false));
+        }
+        match super::xattrs::read_fd(fd) {
+            None => Ok((None, false)),
+            Some(set) if set.is_empty() => Ok((Some(String::new()), false)),
+            Some(set) => {
+                let obj = self.store.put_bytes(&super::xattrs::encode(&set))?;
+                Ok((Some(obj.name), true))
+            }
+        }
+    }
+
+    /// The name the object holding `rel`'s current extended attributes has or would have
+    /// in the store (not stored): what `EntryMeta::xattrs` of a capture now would say.
+    pub(crate) fn current_xattrs_name(&self, rel: &str) -> io::Result<Option<String>> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok(None);
+        };
+        let kind = meta_of(&sys::fstat(fd.as_fd())?).map(|m| m.kind);
+        if !matches!(kind, Some(EntryKind::File | EntryKind::Dir)) {
+            return Ok(None);
+        }
+        Ok(super::xattrs::read_fd(fd.as_fd()).map(|set| {
+            if set.is_empty() {
+                String::new()
+            } else {
+                super::store::object_name(&super::xattrs::encode(&set))
+            }
+        }))
     }
 }
