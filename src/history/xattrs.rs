@@ -17,7 +17,7 @@
 //!    *not recorded* (`None`), never recorded as empty: a rewind must not remove what it
 //!    never saw.
 use std::collections::BTreeMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
@@ -167,7 +167,31 @@ fn take_field(rest: &mut &[u8]) -> Option<Vec<u8>> {
 /// (invariant 3); an empty set when it has none (or its file system has no xattrs).
 pub fn read_fd(fd: BorrowedFd<'_>) -> Option<XattrSet> {
     let at = XattrPath::of_fd(fd.as_raw_fd());
-    match read_at(&at) {
+    settle(
+        fd,
+        read_with(
+            |buf| sys::listxattr(&at, buf),
+            |name, buf| sys::getxattr(&at, name, buf),
+        ),
+    )
+}
+
+/// [`read_fd`] of an fd open for reading (not O_PATH): the f*xattr calls, with no path
+/// to resolve (a listxattr through `/proc/self/fd/N` costs a few µs more, on every first
+/// backup).
+pub fn read_open(fd: BorrowedFd<'_>) -> Option<XattrSet> {
+    settle(
+        fd,
+        read_with(
+            |buf| sys::flistxattr(fd, buf),
+            |name, buf| sys::fgetxattr(fd, name, buf),
+        ),
+    )
+}
+
+/// A read's result as [`read_fd`] gives it (invariant 3).
+fn settle(fd: BorrowedFd<'_>, read: io::Result<XattrSet>) -> Option<XattrSet> {
+    match read {
         Ok(set) => Some(set),
         Err(e) if sys::os_error(&e) == Some(libc::ENOTSUP) => Some(XattrSet::new()),
         Err(e) => {
@@ -177,12 +201,15 @@ pub fn read_fd(fd: BorrowedFd<'_>) -> Option<XattrSet> {
     }
 }
 
-fn read_at(at: &XattrPath) -> io::Result<XattrSet> {
-    let names = read_growing(|buf| sys::listxattr(at, buf))?;
+fn read_with(
+    mut list: impl FnMut(&mut [u8]) -> io::Result<usize>,
+    mut get: impl FnMut(&CStr, &mut [u8]) -> io::Result<usize>,
+) -> io::Result<XattrSet> {
+    let names = read_growing(&mut list)?;
     let mut set = XattrSet::new();
     for name in names.split(|&b| b == 0).filter(|n| is_recorded(n)) {
         let cname = CString::new(name).map_err(|_| sys::errno(libc::EINVAL))?;
-        match read_growing(|buf| sys::getxattr(at, &cname, buf)) {
+        match read_growing(|buf| get(&cname, buf)) {
             Ok(value) => {
                 set.insert(name.to_vec(), value);
             }

@@ -83,6 +83,12 @@ fn acls_xattrs_and_capabilities_survive_deletion_and_rewind_and_show_in_views() 
     m.mount();
     assert_eq!(xattr_report(&m.mnt, DECORATED), original, "the live tree");
     checkpoint(&m, "c1");
+    // Untracked: the view shows the live xattrs (and denies as the live ACL does).
+    assert_eq!(
+        xattr_report(&at(&m, "c1"), DECORATED),
+        original,
+        "the view of c1, untracked"
+    );
     // Deleted through the mount: Layer 1 backs up each path with its xattrs.
     ok("rm", &["-rf", "d", "tool"], &m.mnt);
     checkpoint(&m, "c2");
@@ -316,7 +322,13 @@ fn a_rewind_that_cannot_restore_a_capability_or_trusted_xattr_refuses_first() {
     );
     assert_eq!(snapshot(), before, "changed something");
     // What the owner may restore, they can.
-    let o = as_owner(&[common::BIN, "rewind", &mnt, "c1", "--", "plain"]);
+    rewinds_plain_with_its_note(&m, uid, gid);
+}
+
+/// `rewind MNT c1 -- plain` as `uid`:`gid` succeeds and brings back `plain`'s `user.note`.
+fn rewinds_plain_with_its_note(m: &TestMount, uid: u32, gid: u32) {
+    let mnt = m.mnt.to_str().unwrap();
+    let o = run_as(uid, gid, &[common::BIN, "rewind", mnt, "c1", "--", "plain"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let note = stdout(&run(
         "getfattr",
@@ -508,4 +520,54 @@ fn a_forged_capability_is_refused() {
             "SRC changed"
         );
     }
+}
+
+/// A normal user's own mount: its daemon records the capability root gave the user's file
+/// (anyone may read one), but cannot set one (no CAP_SETFCAP), so the rewind that would
+/// restore it refuses before changing anything, naming the path and the attribute.
+#[test]
+fn a_normal_users_rewind_refuses_a_capability_it_cannot_restore() {
+    let (uid, gid) = test_user("cpfs-xattr-user");
+    let mut m = TestMount::unmounted(&[]);
+    fs::write(m.src.join("tool"), "#!/bin/sh\n").unwrap();
+    fs::write(m.src.join("plain"), "plain\n").unwrap();
+    ok("chmod", &["0755", "tool"], &m.src);
+    let config = m.root().join("config");
+    fs::create_dir(&config).unwrap();
+    ok("chmod", &["0700", config.to_str().unwrap()], Path::new("/"));
+    m.give_to(uid, gid);
+    std::os::unix::fs::chown(&config, Some(uid), Some(gid)).unwrap();
+    ok("setcap", &["cap_net_raw+ep", "tool"], &m.src);
+    ok("setfattr", &["-n", "user.note", "-v", "y", "plain"], &m.src);
+    m.set_env("XDG_CONFIG_HOME", config.to_str().unwrap());
+    let _mode = common::DevFuseMode::set(0o666);
+    m.mount_as(uid, gid);
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    let o = run_as(
+        uid,
+        gid,
+        &[
+            "sh",
+            "-c",
+            &format!("cd {mnt} && echo c1 > .checkpoint/ctl && rm tool plain"),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = (tree_listing(&m.src), checkpoints_as(&m, uid, gid));
+    let o = run_as(uid, gid, &[common::BIN, "rewind", &mnt, "c1"]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "rewind succeeded: {}", stdout(&o));
+    assert!(
+        err.contains(
+            "tool: its xattr security.capability cannot be restored: that needs CAP_SETFCAP"
+        ) && err.contains("Nothing was changed"),
+        "{err}"
+    );
+    assert_eq!(
+        (tree_listing(&m.src), checkpoints_as(&m, uid, gid)),
+        before,
+        "changed something"
+    );
+    // The user's own xattrs come back.
+    rewinds_plain_with_its_note(&m, uid, gid);
 }
