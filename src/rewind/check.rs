@@ -461,6 +461,71 @@ mod tests {
     use EntryKind::{Dir, File};
 
     #[test]
+    fn xattr_sets_are_read_once_and_privileged_names_refused_without_the_privilege() {
+        let with_set = |path: &str, set: &str| {
+            let mut step = create(path, File, Some("c"));
+            if let Step::Create { target, .. } = &mut step {
+                target.meta.xattrs = Some(set.to_string());
+            }
+            step
+        };
+        let steps = [
+            with_set("tool", "caps"),
+            with_set("tool2", "caps"),
+            with_set("plain", "user"),
+            with_set("none", ""),
+            with_set("broken", "bad"),
+            with_set("broken2", "bad"),
+        ];
+        let reads = std::cell::RefCell::new(Vec::new());
+        let read = |name: &str| {
+            reads.borrow_mut().push(name.to_string());
+            let pairs: &[(&[u8], &[u8])] = match name {
+                "caps" => &[(b"security.capability", b"x"), (b"trusted.a", b"y")],
+                "user" => &[(b"user.a", b"1")],
+                _ => return Err(io::Error::from(io::ErrorKind::InvalidData)),
+            };
+            Ok(pairs
+                .iter()
+                .map(|(n, v)| (n.to_vec(), v.to_vec()))
+                .collect())
+        };
+        // A daemon with CAP_SYS_ADMIN but not CAP_SETFCAP.
+        let problems = xattr_problems(&steps, read, |p| p.name == "CAP_SYS_ADMIN");
+        let mut sorted = reads.borrow().clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            ["bad", "caps", "user"],
+            "each set read once, none for \"\""
+        );
+        let privilege = |path: &str| Problem::Privilege {
+            path: path.to_string(),
+            attribute: "security.capability".to_string(),
+            privilege: "CAP_SETFCAP",
+        };
+        assert_eq!(
+            problems,
+            [
+                privilege("tool"),
+                privilege("tool2"),
+                Problem::Xattrs {
+                    path: "broken".to_string(),
+                    object: "bad".to_string(),
+                    why: "damaged: its content does not match its name".to_string(),
+                },
+            ]
+        );
+        let refusal = refusal("c1", &problems).to_string();
+        assert!(
+            refusal.contains("tool: its xattr security.capability cannot be restored")
+                && refusal.contains("broken: its xattrs at 'c1' (store object bad) are damaged")
+                && refusal.contains("Nothing was changed"),
+            "{refusal}"
+        );
+    }
+
+    #[test]
     fn a_directory_to_remove_may_hold_only_what_the_plan_or_the_history_holds() {
         let tree = FakeTree::new(&[
             (b"new", Dir, false),
