@@ -21,9 +21,9 @@ use crate::fs::inodes::ROOT_INO;
 use crate::fs::virt::file_type_of;
 use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
-use crate::history::quote::quote_name;
+use crate::history::quote::{quote_bytes, quote_name};
 use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
-use crate::history::{History, agent_state};
+use crate::history::{History, agent_state, xattrs};
 use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::EntryKind;
 
@@ -154,6 +154,7 @@ impl History {
                         || cur.gid != m.gid
                         || (m.kind == EntryKind::File
                             && (cur.mtime_sec, cur.mtime_nsec) != (m.mtime_sec, m.mtime_nsec))
+                        || (m.xattrs.is_some() && m.xattrs != self.current_xattrs_name(path)?)
                     {
                         steps.push(Step::Metadata {
                             path: path.clone(),
@@ -508,7 +509,7 @@ pub fn rewind(
         ));
     }
     // Checked before anything changes (a dry run reports the same refusal).
-    check_plan(history, id, &steps)?;
+    check_plan(history, id, &steps, fs.owner().is_some())?;
     if dry_run {
         if steps.is_empty() {
             out.push_str(&format!(
@@ -561,8 +562,15 @@ pub fn rewind(
 
 /// Refuses, changing nothing, a plan that could not be carried out whole as far as can be
 /// known before its first change (see [`check`]).
-fn check_plan(history: &History, id: &str, steps: &[Step]) -> io::Result<()> {
+/// `for_owner`: the rewind runs as an `--owner`'s, so it restores nothing that needs a
+/// privilege beyond theirs.
+fn check_plan(history: &History, id: &str, steps: &[Step], for_owner: bool) -> io::Result<()> {
     let mut problems = check::object_problems(steps, |name| history.store().verify(name));
+    problems.extend(check::xattr_problems(
+        steps,
+        |name| history.xattrs_of(name),
+        |p| !for_owner && sys::has_effective_cap(p.cap),
+    ));
     problems.extend(
         check::tree_problems(steps, &LiveTree(history)).map_err(|e| {
             sys::context(
@@ -859,6 +867,11 @@ impl Drop for Looked<'_> {
     }
 }
 
+/// `e` from `doing` (removing, setting...) xattr `name`, naming it.
+fn xattr_context(name: &[u8], doing: &str, e: io::Error) -> io::Error {
+    sys::context(format!("{doing} xattr {}", quote_bytes(name)), e)
+}
+
 fn is_errno(e: &io::Error, code: i32) -> bool {
     e.raw_os_error() == Some(code)
 }
@@ -1119,6 +1132,44 @@ impl<'a> Changer<'a> {
         Ok(())
     }
 
+    /// Makes the recorded xattrs of inode `ino` the set stored as `name` (`""`: none):
+    /// removes the recorded names it has and the set lacks, sets those that differ. Names
+    /// not recorded (`security.selinux`...) are left alone.
+    fn set_xattrs(&self, ino: u64, name: &str) -> io::Result<()> {
+        let target = if name.is_empty() {
+            Default::default()
+        } else {
+            self.history.xattrs_of(name)?
+        };
+        let listed = xattrs::read_growing(|buf| self.as_caller(|| self.fs.listxattr(ino, buf)))?;
+        for have in listed.split(|&b| b == 0).filter(|n| xattrs::is_recorded(n)) {
+            if !target.contains_key(have) {
+                let os = OsStr::from_bytes(have);
+                match self.as_caller(|| self.fs.removexattr(&self.caller, ino, os)) {
+                    Err(e) if !is_errno(&e, libc::ENODATA) => {
+                        return Err(xattr_context(have, "removing", e));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (n, value) in &target {
+            let os = OsStr::from_bytes(n);
+            let same =
+                match xattrs::read_growing(|buf| self.as_caller(|| self.fs.getxattr(ino, os, buf)))
+                {
+                    Ok(v) => v == *value,
+                    Err(e) if is_errno(&e, libc::ENODATA) => false,
+                    Err(e) => return Err(xattr_context(n, "reading", e)),
+                };
+            if !same {
+                self.as_caller(|| self.fs.setxattr(&self.caller, ino, os, value, 0))
+                    .map_err(|e| xattr_context(n, "setting", e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Owner, mode and mtime of `rel` as the target has them, on the object found there if
     /// it is of the planned type (else it is left alone, with an error).
     fn set_meta(&self, rel: &str, target: &ViewEntry) -> io::Result<()> {
@@ -1142,6 +1193,11 @@ impl<'a> Changer<'a> {
             // A daemon that may not chown (a normal user's mount) keeps the owner it has.
             Err(e) if !is_errno(&e, libc::EPERM) => return Err(e),
             _ => {}
+        }
+        // After the owner (a chown drops a file capability), before the mode (an access ACL
+        // sets the group bits, which the recorded mode then states exactly).
+        if let Some(name) = &m.xattrs {
+            self.set_xattrs(ino, name)?;
         }
         let mtime = UNIX_EPOCH + Duration::new(m.mtime_sec.max(0) as u64, m.mtime_nsec);
         let rest = SetAttr {

@@ -171,6 +171,11 @@ fn render_patch(report: &DiffReport) -> String {
             }
             _ => {}
         }
+        if let (Some(old), Some(new)) = (&f.before, &f.after)
+            && old.xattrs != new.xattrs
+        {
+            let _ = writeln!(out, "xattrs changed (user.*, ACLs, capabilities)");
+        }
         match f.content {
             ContentChange::Binary => {
                 let _ = writeln!(out, "Binary files {a} and {b} differ");

@@ -1256,7 +1256,7 @@ impl PassthroughFs {
     /// xattrs, not its target's. No change.
     pub fn getxattr(&self, ino: u64, name: &OsStr, buf: &mut [u8]) -> io::Result<usize> {
         if virt::is_virtual(ino) {
-            return Err(errno(libc::ENODATA));
+            return self.virt.getxattr(self, ino, name, buf);
         }
         let inode = self.inode(ino)?;
         let name = Self::xattr_name(name)?;
@@ -1266,7 +1266,7 @@ impl PassthroughFs {
     /// LISTXATTR of `ino` into `buf` (size query when `buf` is empty). No change.
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
         if virt::is_virtual(ino) {
-            return Ok(0);
+            return self.virt.listxattr(self, ino, buf);
         }
         let inode = self.inode(ino)?;
         inode.with_xattr_path(|at| sys::listxattr(at, buf))

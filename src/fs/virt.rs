@@ -28,6 +28,7 @@ use fuser::{FileAttr, FileType, INodeNo};
 
 use super::{DirEntryOut, Entry, Opened, PassthroughFs, SetAttr, system_time};
 use crate::history::ids::{CtlError, CtlLine, take_ctl_lines};
+use crate::history::xattrs::XattrSet;
 use crate::history::{Caller, ViewEntry};
 use crate::sys::errno;
 use crate::transcript::record::EntryKind;
@@ -634,12 +635,62 @@ impl VirtualTree {
         Ok(())
     }
 
+    /// GETXATTR of a virtual inode: a view shows the xattrs recorded for its version
+    /// (`History::view_xattrs`); with FUSE_POSIX_ACL the kernel takes the view's ACL from
+    /// here and enforces it as on the live tree. The control files have none.
+    pub fn getxattr(
+        &self,
+        fs: &PassthroughFs,
+        ino: u64,
+        name: &OsStr,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
+        let set = self.xattrs(fs, ino)?;
+        let value = set
+            .get(name.as_bytes())
+            .ok_or_else(|| errno(libc::ENODATA))?;
+        copy_xattr_reply(value, buf)
+    }
+
+    /// LISTXATTR of a virtual inode (see [`VirtualTree::getxattr`]).
+    pub fn listxattr(&self, fs: &PassthroughFs, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let set = self.xattrs(fs, ino)?;
+        let mut names = Vec::new();
+        for name in set.keys() {
+            names.extend_from_slice(name);
+            names.push(0);
+        }
+        copy_xattr_reply(&names, buf)
+    }
+
+    fn xattrs(&self, fs: &PassthroughFs, ino: u64) -> io::Result<XattrSet> {
+        if self.fixed(ino).is_some() {
+            return Ok(XattrSet::new());
+        }
+        let key = self.view_key(ino)?;
+        let entry = self.resolve(fs, ino)?;
+        fs.history().view_xattrs(&key.rel, &entry)
+    }
+
     pub fn access(&self, ino: u64, mask: i32) -> io::Result<()> {
         if mask & libc::W_OK != 0 && ino != CTL {
             return Err(errno(libc::EROFS));
         }
         Ok(())
     }
+}
+
+/// An xattr reply: `value`'s length when `buf` is empty (the size query), else `value`
+/// copied into `buf`, ERANGE if it does not fit.
+fn copy_xattr_reply(value: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+    if buf.is_empty() {
+        return Ok(value.len());
+    }
+    let dst = buf
+        .get_mut(..value.len())
+        .ok_or_else(|| errno(libc::ERANGE))?;
+    dst.copy_from_slice(value);
+    Ok(value.len())
 }
 
 /// Takes what a write at `offset` (or, with `at_close`, the close) completes. One

@@ -62,7 +62,14 @@ impl History {
         match p {
             Point::Origin => self.entry_at(None, rel.as_bytes()),
             Point::Checkpoint(k) => self.entry_at(Some(k), rel.as_bytes()),
-            Point::Now => self.live_entry(rel),
+            // With its xattrs' object name (not stored), to compare with a recorded one.
+            Point::Now => {
+                let mut entry = self.live_entry(rel)?;
+                if let Some(e) = entry.as_mut() {
+                    e.meta.xattrs = self.current_xattrs_name(rel)?;
+                }
+                Ok(entry)
+            }
         }
     }
 
@@ -164,10 +171,16 @@ impl History {
         Ok(Some((kind, before, after)))
     }
 
-    /// Same type, mode and content. Directories compare by mode only.
+    /// Same type, mode, xattrs (where both sides recorded them) and content. Directories
+    /// compare by mode and xattrs only.
     fn same(&self, x: &ViewEntry, y: &ViewEntry) -> io::Result<bool> {
         use super::view::ViewContent;
         if x.meta.kind != y.meta.kind || x.meta.mode != y.meta.mode {
+            return Ok(false);
+        }
+        if let (Some(a), Some(b)) = (&x.meta.xattrs, &y.meta.xattrs)
+            && a != b
+        {
             return Ok(false);
         }
         if !matches!(x.meta.kind, EntryKind::File | EntryKind::Symlink) {

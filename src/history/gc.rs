@@ -324,7 +324,13 @@ pub fn referenced_objects(records: &[Record]) -> HashSet<String> {
     records
         .iter()
         .flat_map(|r| r.snapshot.tracked_file_backups.values())
-        .filter_map(|b| b.backup_file_name.clone())
+        .flat_map(|b| {
+            let xattrs = b.meta.as_ref().and_then(|m| m.xattrs_object());
+            b.backup_file_name
+                .iter()
+                .cloned()
+                .chain(xattrs.map(str::to_owned))
+        })
         .collect()
 }
 
@@ -761,6 +767,35 @@ mod tests {
         let mut v: Vec<&str> = set.iter().map(String::as_str).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn xattr_sets_are_referenced_objects_and_none_is_no_object() {
+        let with_xattrs = |version, object: &str, xattrs: &str| {
+            let mut b = file(version, object);
+            b.meta.as_mut().unwrap().xattrs = Some(xattrs.to_string());
+            b
+        };
+        let record = Record::snapshot_update(
+            None,
+            1,
+            rfc3339(at(T0)),
+            [
+                ("a".to_string(), with_xattrs(1, "a1", "x1")),
+                ("b".to_string(), with_xattrs(1, "b1", "")),
+                ("d".to_string(), {
+                    let mut d = with_xattrs(1, "", "x2");
+                    d.backup_file_name = None;
+                    d
+                }),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        assert_eq!(
+            names(&referenced_objects(&[record])),
+            vec!["a1", "b1", "x1", "x2"]
+        );
     }
 
     /// The state of every path at every checkpoint (by id), as replay sees it.

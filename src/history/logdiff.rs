@@ -69,6 +69,10 @@ pub struct EntryFacts {
     /// Symlinks only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// The sha256 of the canonical encoding of its extended attributes (see
+    /// `history::xattrs`); absent when it has none, or they were not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xattrs: Option<String>,
 }
 
 /// Above this size (either side) `diff` does not read a file for a line diff: it reports it
@@ -177,6 +181,9 @@ fn facts(e: &ViewEntry, content: Option<&Content>) -> io::Result<EntryFacts> {
         size: e.meta.size,
         sha256,
         target,
+        // "" (none) is left out like "not recorded", so reports of trees without xattrs
+        // read as before.
+        xattrs: e.meta.xattrs_object().map(str::to_owned),
     })
 }
 

@@ -67,6 +67,7 @@ pub mod status;
 pub mod store;
 mod track;
 mod view;
+pub mod xattrs;
 
 use std::collections::VecDeque;
 use std::fmt;

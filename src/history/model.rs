@@ -242,6 +242,21 @@ pub(crate) fn impossible(
                 ));
             }
         }
+        if let Some(name) = b.meta.as_ref().and_then(EntryMeta::xattrs_object) {
+            if !super::store::is_object_name(name) {
+                return Some(format!(
+                    "{path:?} version {} names xattrs {name:?}, which is not a store object name",
+                    b.version
+                ));
+            }
+            if !has_object(name) {
+                return Some(format!(
+                    "{path:?} version {} needs store object {name} (its xattrs), which is \
+                     missing",
+                    b.version
+                ));
+            }
+        }
         // Every entry of an applied record, repeats included: whatever a rewind could
         // restore was signed by the daemon that recorded it.
         if let Some(why) = check_entry(path, b) {
@@ -650,6 +665,7 @@ mod tests {
                 mtime_sec: 0,
                 mtime_nsec: 0,
                 rdev: None,
+                xattrs: None,
             }),
             backup_file_name: None,
             ..file_entry(v, &obj(0), T)

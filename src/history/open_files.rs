@@ -513,12 +513,15 @@ impl History {
             return Ok(None);
         };
         let st = sys::fstat(fd.as_fd())?;
-        let Some(meta) = meta_of(&st) else {
+        let Some(mut meta) = meta_of(&st) else {
             return Ok(None);
         };
         if meta.kind != EntryKind::File || meta.size > max_size {
             return Ok(None);
         }
+        // Taken with the change key: an xattr change passes the gate, which waits for the
+        // checkpoint, so they cannot change while the copy is made.
+        meta.xattrs = self.record_xattrs(fd.as_fd(), meta.kind)?.0;
         Ok(Some(PreparedCopy {
             key: ChangeKey::of(&st),
             meta,

@@ -44,7 +44,16 @@ pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
         mtime_sec: st.st_mtime,
         mtime_nsec: st.st_mtime_nsec as u32,
         rdev: is_dev.then_some(st.st_rdev),
+        xattrs: None,
     })
+}
+
+/// The recorded xattrs of a regular file or directory `fd` (O_PATH) refers to; `None` for
+/// other kinds (not recorded) or a set that could not be read.
+fn read_xattrs(fd: BorrowedFd<'_>, kind: EntryKind) -> Option<super::xattrs::XattrSet> {
+    matches!(kind, EntryKind::File | EntryKind::Dir)
+        .then(|| super::xattrs::read_fd(fd))
+        .flatten()
 }
 
 fn actor_key(a: &Actor) -> super::ActorKey {
@@ -743,9 +752,12 @@ impl History {
             return Ok((VersionState::Absent, false, None));
         };
         let mut linked = None;
+        let mut xattrs = None;
         let object = match meta.kind {
             EntryKind::File => {
                 let file = File::from(sys::reopen_for_reading(fd.as_raw_fd(), 0)?);
+                // Through the open file: no path to resolve (see `xattrs::read_open`).
+                xattrs = Some(super::xattrs::read_open(file.as_fd()));
                 let obj = if leaving {
                     match self.store.put_by_link(file)? {
                         LinkPut::Copy(file) => self.store.put_file(&file)?,
@@ -766,7 +778,56 @@ impl History {
             }
             _ => None,
         };
-        let wrote = object.is_some();
+        let set = xattrs.unwrap_or_else(|| read_xattrs(fd, meta.kind));
+        let (xattrs, wrote_xattrs) = self.store_xattrs(set)?;
+        meta.xattrs = xattrs;
+        let wrote = object.is_some() || wrote_xattrs;
         Ok((VersionState::Present { meta, object }, wrote, linked))
+    }
+
+    /// The extended attributes of the object `fd` refers to, for a version of kind `kind`,
+    /// as `EntryMeta::xattrs` holds them (see [`History::store_xattrs`]). Costs a
+    /// listxattr, and a getxattr per recorded name.
+    pub(super) fn record_xattrs(
+        &self,
+        fd: BorrowedFd<'_>,
+        kind: EntryKind,
+    ) -> io::Result<(Option<String>, bool)> {
+        self.store_xattrs(read_xattrs(fd, kind))
+    }
+
+    /// A set read for a version as `EntryMeta::xattrs` holds it: put into the store (`""`
+    /// if empty, no object), `None` if it was not read. The bool says whether the store
+    /// was written.
+    fn store_xattrs(
+        &self,
+        set: Option<super::xattrs::XattrSet>,
+    ) -> io::Result<(Option<String>, bool)> {
+        match set {
+            None => Ok((None, false)),
+            Some(set) if set.is_empty() => Ok((Some(String::new()), false)),
+            Some(set) => {
+                let obj = self.store.put_bytes(&super::xattrs::encode(&set))?;
+                Ok((Some(obj.name), true))
+            }
+        }
+    }
+
+    /// The name the object holding `rel`'s current extended attributes has or would have
+    /// in the store (not stored): what `EntryMeta::xattrs` of a capture now would say.
+    pub(crate) fn current_xattrs_name(&self, rel: &str) -> io::Result<Option<String>> {
+        let Some(fd) = self.open_existing(rel)? else {
+            return Ok(None);
+        };
+        let Some(meta) = meta_of(&sys::fstat(fd.as_fd())?) else {
+            return Ok(None);
+        };
+        Ok(read_xattrs(fd.as_fd(), meta.kind).map(|set| {
+            if set.is_empty() {
+                String::new()
+            } else {
+                super::store::object_name(&super::xattrs::encode(&set))
+            }
+        }))
     }
 }

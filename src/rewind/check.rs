@@ -21,6 +21,7 @@ use std::io;
 use super::Step;
 use crate::history::ViewContent;
 use crate::history::quote::{quote_bytes, quote_name};
+use crate::history::xattrs::{Privilege, XattrSet, privilege_needed};
 use crate::sys;
 use crate::transcript::record::EntryKind;
 
@@ -39,6 +40,18 @@ pub(super) enum Problem {
         dir: String,
         inside: Vec<u8>,
         why: String,
+    },
+    /// The xattr set a step restores is damaged, missing or unreadable in the store.
+    Xattrs {
+        path: String,
+        object: String,
+        why: String,
+    },
+    /// A step restores `attribute` on `path`, which needs `privilege` this rewind lacks.
+    Privilege {
+        path: String,
+        attribute: String,
+        privilege: &'static str,
     },
     /// `path` is restored beneath `parent`, which is not a directory once the plan is done.
     NotADirectory {
@@ -91,6 +104,69 @@ pub(super) fn object_problems(
             object: object.clone(),
             why,
         });
+    }
+    problems
+}
+
+/// The attributes of one xattr set this rewind may not restore, with the privilege each
+/// needs.
+type Unprivileged = Vec<(String, Privilege)>;
+
+/// The xattr sets the steps restore that cannot be read back whole (`read(name)`: the set,
+/// verified), and the attributes in them that need a privilege `may(privilege)` says this
+/// rewind lacks (a file capability on a normal user's mount or an `--owner`'s). Each set is
+/// read once, however many paths restore it.
+pub(super) fn xattr_problems(
+    steps: &[Step],
+    read: impl Fn(&str) -> io::Result<XattrSet>,
+    may: impl Fn(Privilege) -> bool,
+) -> Vec<Problem> {
+    let mut sets: HashMap<&str, Result<Unprivileged, String>> = HashMap::new();
+    let mut problems = Vec::new();
+    for step in steps {
+        let (Step::Create { path, target }
+        | Step::Rewrite { path, target }
+        | Step::Metadata { path, target }) = step
+        else {
+            continue;
+        };
+        let Some(object) = target.meta.xattrs_object() else {
+            continue;
+        };
+        let first = !sets.contains_key(object);
+        let needs = sets.entry(object).or_insert_with(|| {
+            read(object)
+                .map(|set| {
+                    set.keys()
+                        .filter_map(|name| {
+                            let p = privilege_needed(name)?;
+                            Some((String::from_utf8_lossy(name).into_owned(), p))
+                        })
+                        .filter(|(_, p)| !may(*p))
+                        .collect()
+                })
+                .map_err(|e| match sys::os_error(&e) {
+                    Some(libc::ENOENT) => "missing from the store".to_string(),
+                    _ if e.kind() == io::ErrorKind::InvalidData => {
+                        "damaged: its content does not match its name".to_string()
+                    }
+                    _ => format!("unreadable: {}", sys::error_text(&e)),
+                })
+        });
+        match needs {
+            // A damaged set is named once, at the first path that needs it.
+            Err(why) if first => problems.push(Problem::Xattrs {
+                path: path.clone(),
+                object: object.to_string(),
+                why: why.clone(),
+            }),
+            Err(_) => {}
+            Ok(needs) => problems.extend(needs.iter().map(|(attribute, p)| Problem::Privilege {
+                path: path.clone(),
+                attribute: attribute.clone(),
+                privilege: p.name,
+            })),
+        }
     }
     problems
 }
@@ -220,7 +296,7 @@ const SHOWN: usize = 20;
 /// that nothing was changed, and what to do.
 pub(super) fn refusal(id: &str, problems: &[Problem]) -> io::Error {
     let mut lines = Vec::new();
-    let (mut objects, mut in_the_way, mut parents) = (false, false, false);
+    let (mut objects, mut in_the_way, mut parents, mut privileges) = (false, false, false, false);
     for p in problems.iter().take(SHOWN) {
         lines.push(match p {
             Problem::Object { path, object, why } => {
@@ -228,6 +304,26 @@ pub(super) fn refusal(id: &str, problems: &[Problem]) -> io::Error {
                 format!(
                     "{}: its content at '{id}' (store object {object}) is {why}",
                     quote_name(path)
+                )
+            }
+            Problem::Xattrs { path, object, why } => {
+                objects = true;
+                format!(
+                    "{}: its xattrs at '{id}' (store object {object}) are {why}",
+                    quote_name(path)
+                )
+            }
+            Problem::Privilege {
+                path,
+                attribute,
+                privilege,
+            } => {
+                privileges = true;
+                format!(
+                    "{}: its xattr {} cannot be restored: that needs {privilege}, which this \
+                     rewind does not have",
+                    quote_name(path),
+                    quote_name(attribute)
                 )
             }
             Problem::InTheWay { dir, inside, why } => {
@@ -269,6 +365,14 @@ pub(super) fn refusal(id: &str, problems: &[Problem]) -> io::Error {
     }
     if parents {
         todo.push("Rewind the parent too (name it after `--`), or move it away.");
+    }
+    if privileges {
+        todo.push(
+            "A file capability (security.capability) or a trusted.* xattr is restored only by \
+             a daemon that has the privilege (root's own mount, not a normal user's or an \
+             --owner's): rewind the other paths (name them after `--`), or have root restore \
+             these.",
+        );
     }
     io::Error::other(format!(
         "cannot rewind to '{id}':\n  {}\nNothing was changed and no checkpoint was taken. {}",
@@ -334,6 +438,7 @@ mod tests {
                 mtime_sec: 0,
                 mtime_nsec: 0,
                 rdev: None,
+                xattrs: None,
             },
             content: object.map_or(ViewContent::None, |o| ViewContent::Object(o.to_string())),
         }
@@ -354,6 +459,71 @@ mod tests {
     }
 
     use EntryKind::{Dir, File};
+
+    #[test]
+    fn xattr_sets_are_read_once_and_privileged_names_refused_without_the_privilege() {
+        let with_set = |path: &str, set: &str| {
+            let mut step = create(path, File, Some("c"));
+            if let Step::Create { target, .. } = &mut step {
+                target.meta.xattrs = Some(set.to_string());
+            }
+            step
+        };
+        let steps = [
+            with_set("tool", "caps"),
+            with_set("tool2", "caps"),
+            with_set("plain", "user"),
+            with_set("none", ""),
+            with_set("broken", "bad"),
+            with_set("broken2", "bad"),
+        ];
+        let reads = std::cell::RefCell::new(Vec::new());
+        let read = |name: &str| {
+            reads.borrow_mut().push(name.to_string());
+            let pairs: &[(&[u8], &[u8])] = match name {
+                "caps" => &[(b"security.capability", b"x"), (b"trusted.a", b"y")],
+                "user" => &[(b"user.a", b"1")],
+                _ => return Err(io::Error::from(io::ErrorKind::InvalidData)),
+            };
+            Ok(pairs
+                .iter()
+                .map(|(n, v)| (n.to_vec(), v.to_vec()))
+                .collect())
+        };
+        // A daemon with CAP_SYS_ADMIN but not CAP_SETFCAP.
+        let problems = xattr_problems(&steps, read, |p| p.name == "CAP_SYS_ADMIN");
+        let mut sorted = reads.borrow().clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            ["bad", "caps", "user"],
+            "each set read once, none for \"\""
+        );
+        let privilege = |path: &str| Problem::Privilege {
+            path: path.to_string(),
+            attribute: "security.capability".to_string(),
+            privilege: "CAP_SETFCAP",
+        };
+        assert_eq!(
+            problems,
+            [
+                privilege("tool"),
+                privilege("tool2"),
+                Problem::Xattrs {
+                    path: "broken".to_string(),
+                    object: "bad".to_string(),
+                    why: "damaged: its content does not match its name".to_string(),
+                },
+            ]
+        );
+        let refusal = refusal("c1", &problems).to_string();
+        assert!(
+            refusal.contains("tool: its xattr security.capability cannot be restored")
+                && refusal.contains("broken: its xattrs at 'c1' (store object bad) are damaged")
+                && refusal.contains("Nothing was changed"),
+            "{refusal}"
+        );
+    }
 
     #[test]
     fn a_directory_to_remove_may_hold_only_what_the_plan_or_the_history_holds() {

@@ -57,7 +57,16 @@ pub(crate) fn close_descriptors_from(first: u32) {
 /// (FUSE_DEV_IOC_BACKING_OPEN) and a private clone of SRC's mount (`open_tree`) need. Read from `/proc/self/status`; if that
 /// cannot be read, assume it does and let the first open find out.
 pub(crate) fn has_cap_sys_admin() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
+    has_effective_cap(CAP_SYS_ADMIN)
+}
+
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_SETFCAP: u32 = 31;
+
+/// Whether this process has capability `cap` in its effective set, read from
+/// `/proc/self/status`; if that cannot be read, assume it does and let the operation that
+/// needs it find out.
+pub fn has_effective_cap(cap: u32) -> bool {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
         return true;
     };
@@ -65,5 +74,5 @@ pub(crate) fn has_cap_sys_admin() -> bool {
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_none_or(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+        .is_none_or(|caps| caps & (1 << cap) != 0)
 }

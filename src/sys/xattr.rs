@@ -1,7 +1,7 @@
 //! Reading extended attributes of an object reached by fd (or its `/proc` path).
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use super::{cvt, proc_fd_path};
 
@@ -76,5 +76,26 @@ pub fn listxattr(at: &XattrPath, buf: &mut [u8]) -> io::Result<usize> {
             libc::listxattr(at.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
         }
     };
+    cvt(n).map(|n| n as usize)
+}
+
+/// fgetxattr(2) on an open (not O_PATH) fd.
+pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: fd is open; the name is a C string; buf is writable for its length (or empty).
+    let n = unsafe {
+        libc::fgetxattr(
+            fd.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    cvt(n).map(|n| n as usize)
+}
+
+/// flistxattr(2) on an open (not O_PATH) fd.
+pub fn flistxattr(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: fd is open; buf is writable for its length (or empty).
+    let n = unsafe { libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     cvt(n).map(|n| n as usize)
 }

@@ -11,9 +11,13 @@
 //! Invariants:
 //! 1. An entry needs a MAC iff [`needs_mac`]: its `meta` is a regular file with S_ISUID, or
 //!    with S_ISGID and group-execute (S_ISGID without group-execute is the mandatory-locking
-//!    marker and runs nothing; set-id bits on directories and other kinds raise nothing).
+//!    marker and runs nothing; set-id bits on directories and other kinds raise nothing), or
+//!    it records extended attributes (`EntryMeta::xattrs` names an object): a set can hold
+//!    `security.capability`, privilege-bearing like a set-id mode, and which sets do is not
+//!    visible in the record, so every one is signed.
 //! 2. The MAC covers [`canonical`]: the state dir's id, the path, the version number, the
-//!    object name, the kind, mode, uid and gid, each length-prefixed or fixed-width, so no two
+//!    object name, the kind, mode, uid and gid, and the xattr set's object when there is one
+//!    (its name is the hash of its content), each length-prefixed or fixed-width, so no two
 //!    different entries encode alike and a MAC moved to another path, version, object, owner
 //!    or state dir no longer matches.
 //! 3. Every record the daemon writes goes through [`Signer::sign_record`] first (Layer 1,
@@ -47,10 +51,22 @@ const DOMAIN: &[u8] = b"checkpointfs record mac v1\0";
 
 /// Whether an entry with `meta` needs a MAC (invariant 1).
 pub fn needs_mac(meta: Option<&EntryMeta>) -> bool {
-    meta.is_some_and(|m| {
-        m.kind == EntryKind::File
-            && (m.mode & 0o4000 != 0 || (m.mode & 0o2000 != 0 && m.mode & 0o010 != 0))
-    })
+    meta.is_some_and(|m| has_set_id(m) || m.xattrs_object().is_some())
+}
+
+/// Whether `m` is a regular file with a set-id mode that can raise privilege.
+fn has_set_id(m: &EntryMeta) -> bool {
+    m.kind == EntryKind::File
+        && (m.mode & 0o4000 != 0 || (m.mode & 0o2000 != 0 && m.mode & 0o010 != 0))
+}
+
+/// What makes an entry with `meta` privilege-bearing, for messages.
+fn what_needs_it(meta: &EntryMeta) -> String {
+    if has_set_id(meta) {
+        format!("set-id mode {:o}", meta.mode)
+    } else {
+        "xattrs (which can hold a file capability or an ACL)".to_string()
+    }
 }
 
 /// HMAC-SHA256 (RFC 2104) of `msg` under `key`, to finalize or verify.
@@ -93,6 +109,12 @@ pub fn canonical(state_id: &str, path: &str, b: &TrackedFileBackup, meta: &Entry
     field(&mut out, kind.as_bytes());
     for n in [meta.mode, meta.uid, meta.gid] {
         out.extend_from_slice(&n.to_be_bytes());
+    }
+    // Only when there are some, so the MACs of entries from before xattrs were recorded
+    // still verify.
+    if let Some(xattrs) = meta.xattrs_object() {
+        field(&mut out, b"xattrs");
+        field(&mut out, xattrs.as_bytes());
     }
     out
 }
@@ -412,10 +434,10 @@ impl Signer {
                 (Some(meta), Ok(key)) => Some(key.mac(&self.state_id, path, b, meta)),
                 (Some(meta), Err(why)) => {
                     log::error!(
-                        "{path:?} version {} has set-id mode {:o} but cannot be signed ({why}): \
-                         the next mount will refuse this history until a record key is there",
+                        "{path:?} version {} has {} but cannot be signed ({why}): the next \
+                         mount will refuse this history until a record key is there",
                         b.version,
-                        meta.mode
+                        what_needs_it(meta)
                     );
                     None
                 }
@@ -428,8 +450,11 @@ impl Signer {
     pub fn check(&self, path: &str, b: &TrackedFileBackup) -> Option<String> {
         let meta = b.meta.as_ref().filter(|m| needs_mac(Some(m)))?;
         let what = format!(
-            "{path:?} version {} has set-id mode {:o} (uid {}, gid {})",
-            b.version, meta.mode, meta.uid, meta.gid
+            "{path:?} version {} has {} (uid {}, gid {})",
+            b.version,
+            what_needs_it(meta),
+            meta.uid,
+            meta.gid
         );
         let key = match &self.key {
             Ok(key) => key,
@@ -447,7 +472,7 @@ impl Signer {
             .is_some_and(|mac| key.verifies(mac, &self.state_id, path, b, meta));
         (!fine).then(|| {
             format!(
-                "{what} {} the record key {} (set-id modes are restored only as this daemon \
+                "{what} {} the record key {} (set-id modes and xattrs are restored only as this daemon \
                  recorded them; a forged or altered record cannot be). If the state dir was \
                  moved from another account, copy that account's {KEY_FILE} there too",
                 if b.mac.is_none() {
@@ -607,6 +632,45 @@ mod tests {
         );
         assert!(!with(EntryKind::Dir, 0o4755));
         assert!(!needs_mac(None), "absent");
+    }
+
+    #[test]
+    fn an_entry_with_xattrs_is_signed_and_its_set_bound() {
+        let s = signer(7, "00112233445566778899aabbccddeeff");
+        let with_xattrs = |object: &str| {
+            let mut b = file_entry(2, &"ab".repeat(32), T);
+            b.meta.as_mut().unwrap().xattrs = Some(object.to_string());
+            b
+        };
+        // None recorded ("") needs no MAC, as an entry from before the field.
+        let none = signed(&s, "bin/tool", with_xattrs(""));
+        assert!(!needs_mac(none.meta.as_ref()) && none.mac.is_none());
+        assert_eq!(s.check("bin/tool", &none), None);
+        // A set (which may hold security.capability) is signed like a set-id mode.
+        let good = signed(&s, "bin/tool", with_xattrs(&"cd".repeat(32)));
+        assert!(good.mac.is_some());
+        assert_eq!(s.check("bin/tool", &good), None);
+        // Another set under the same MAC, or no MAC at all: refused, saying why.
+        let mut swapped = good.clone();
+        swapped.meta.as_mut().unwrap().xattrs = Some("ef".repeat(32));
+        let why = s.check("bin/tool", &swapped).unwrap();
+        assert!(
+            why.contains("xattrs") && why.contains("not made by"),
+            "{why}"
+        );
+        let mut unsigned = good.clone();
+        unsigned.mac = None;
+        let why = s.check("bin/tool", &unsigned).unwrap();
+        assert!(why.contains("no signature"), "{why}");
+        // The MAC of an entry without xattrs is what it was before the field existed.
+        let plain = setuid(2, 0);
+        let mut recorded = plain.clone();
+        recorded.meta.as_mut().unwrap().xattrs = Some(String::new());
+        let meta = plain.meta.as_ref().unwrap();
+        assert_eq!(
+            canonical("id", "p", &plain, meta),
+            canonical("id", "p", &recorded, recorded.meta.as_ref().unwrap())
+        );
     }
 
     #[test]

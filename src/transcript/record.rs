@@ -112,6 +112,21 @@ pub struct EntryMeta {
     /// Device number, for character and block devices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdev: Option<u64>,
+    /// Extra: the extended attributes this version had (regular files and directories;
+    /// `crate::history::xattrs` says which names): the store object holding their canonical
+    /// encoding, one object per distinct set; `""` when it had none of them. Absent: not
+    /// recorded (a record from before the field, a symlink or special file, or a set that
+    /// could not be read), so nothing about them is known and a rewind leaves them alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xattrs: Option<String>,
+}
+
+impl EntryMeta {
+    /// The store object holding this version's extended attributes, when it had any
+    /// recorded ones.
+    pub fn xattrs_object(&self) -> Option<&str> {
+        self.xattrs.as_deref().filter(|name| !name.is_empty())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

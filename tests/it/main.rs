@@ -50,6 +50,7 @@ mod store_reflink;
 mod transport;
 mod ui;
 mod watchdog;
+mod xattrs;
 
 /// A test file left out of this list would silently never run.
 #[test]
