@@ -56,6 +56,18 @@ fn read_xattrs(fd: BorrowedFd<'_>, kind: EntryKind) -> Option<super::xattrs::Xat
         .flatten()
 }
 
+/// What `EntryMeta::xattrs` of a capture of `fd` (O_PATH, an object of kind `kind`) would
+/// say now: the name its set has or would have in the store (not stored), `""` for none.
+fn xattrs_name_of(fd: BorrowedFd<'_>, kind: EntryKind) -> Option<String> {
+    read_xattrs(fd, kind).map(|set| {
+        if set.is_empty() {
+            String::new()
+        } else {
+            super::store::object_name(&super::xattrs::encode(&set))
+        }
+    })
+}
+
 fn actor_key(a: &Actor) -> super::ActorKey {
     super::ActorKey {
         pid: a.pid,
@@ -650,7 +662,8 @@ impl History {
         Ok(meta_of(&sys::fstat(fd.as_fd())?))
     }
 
-    /// [`History::current_meta`] of many paths, each parent directory opened once while the
+    /// [`History::current_meta`] of many paths, with their xattrs' names as
+    /// [`History::current_xattrs_name`] gives them, each parent directory opened once while the
     /// paths that follow share it (sorted paths mostly do): a comparison of every tracked
     /// path with the live tree then costs an `fstatat` per path, not a walk from the root
     /// and an open. Same answers: the parent is opened beneath SRC without following a
@@ -664,7 +677,12 @@ impl History {
         let mut parent: Option<(&str, Option<OwnedFd>)> = None;
         for rel in rels {
             if rel.is_empty() {
-                out.insert(rel, meta_of(&sys::fstat(self.source_fd.as_fd())?));
+                let root = self.source_fd.as_fd();
+                let meta = meta_of(&sys::fstat(root)?).map(|mut meta| {
+                    meta.xattrs = xattrs_name_of(root, meta.kind);
+                    meta
+                });
+                out.insert(rel, meta);
                 continue;
             }
             let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
@@ -681,7 +699,21 @@ impl History {
                 Some(fd) => {
                     let name = std::ffi::CString::new(name).map_err(|_| errno(libc::EINVAL))?;
                     match sys::fstatat(fd.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) {
-                        Ok(st) => meta_of(&st),
+                        // With its xattrs, as `History::entry_at_point` reads them for
+                        // now: through the object itself (no path walk from the root).
+                        Ok(st) => meta_of(&st).map(|mut meta| {
+                            if matches!(meta.kind, EntryKind::File | EntryKind::Dir) {
+                                meta.xattrs = sys::openat(
+                                    fd.as_fd(),
+                                    &name,
+                                    libc::O_PATH | libc::O_NOFOLLOW,
+                                    0,
+                                )
+                                .ok()
+                                .and_then(|obj| xattrs_name_of(obj.as_fd(), meta.kind));
+                            }
+                            meta
+                        }),
                         Err(e)
                             if matches!(
                                 e.raw_os_error(),
@@ -822,12 +854,6 @@ impl History {
         let Some(meta) = meta_of(&sys::fstat(fd.as_fd())?) else {
             return Ok(None);
         };
-        Ok(read_xattrs(fd.as_fd(), meta.kind).map(|set| {
-            if set.is_empty() {
-                String::new()
-            } else {
-                super::store::object_name(&super::xattrs::encode(&set))
-            }
-        }))
+        Ok(xattrs_name_of(fd.as_fd(), meta.kind))
     }
 }

@@ -409,11 +409,12 @@ fn diff_against_the_live_tree_sees_changes_made_behind_the_mounts_back() {
     fs::write(m.src.join("top.txt"), "top\n").unwrap();
     fs::write(m.src.join("gone.txt"), "gone\n").unwrap();
     fs::write(m.src.join("f"), "file\n").unwrap();
+    fs::write(m.src.join("attr.txt"), "same content\n").unwrap();
     m.mount();
     // Track everything through the mount, then checkpoint.
     sh(
         &m,
-        "touch d/e/deep.txt d/x.txt top.txt gone.txt f && chmod 644 d/e/deep.txt",
+        "touch d/e/deep.txt d/x.txt top.txt gone.txt f attr.txt && chmod 644 d/e/deep.txt",
     );
     m.ctl("base").unwrap();
     let mnt = m.mnt.to_str().unwrap();
@@ -429,6 +430,12 @@ fn diff_against_the_live_tree_sees_changes_made_behind_the_mounts_back() {
     symlink(&elsewhere, m.src.join("d")).unwrap();
     fs::remove_file(m.src.join("f")).unwrap();
     fs::create_dir(m.src.join("f")).unwrap();
+    let out = run(
+        "setfattr",
+        &["-n", "user.note", "-v", "set in SRC", "attr.txt"],
+        &m.src,
+    );
+    assert!(out.status.success(), "setfattr: {}", stderr(&out));
     let d = json(&["diff", mnt, "base", "--json"]);
     let change = |p: &str| file(&d, p)["change"].as_str().unwrap().to_string();
     assert_eq!(change("top.txt"), "modified");
@@ -441,4 +448,5 @@ fn diff_against_the_live_tree_sees_changes_made_behind_the_mounts_back() {
     assert_eq!(change("d/e/deep.txt"), "deleted");
     assert_eq!(change("f"), "modified");
     assert_eq!(file(&d, "f")["after"]["type"], "dir");
+    assert_eq!(change("attr.txt"), "modified", "an xattr-only change");
 }
