@@ -68,6 +68,25 @@ fn xattrs_name_of(fd: BorrowedFd<'_>, kind: EntryKind) -> Option<String> {
     })
 }
 
+/// [`xattrs_name_of`] of entry `name` of directory `dir`. Most files have no recorded
+/// attributes: one `listxattrat` says so, with no descriptor opened; the set is read
+/// through the object itself only when a recorded name is listed (or the kernel has no
+/// `listxattrat`).
+fn entry_xattrs_name(dir: BorrowedFd<'_>, name: &CStr, kind: EntryKind) -> Option<String> {
+    let mut buf = [0u8; 256];
+    match sys::listxattr_at(dir, name, &mut buf) {
+        Ok(n) if !buf[..n].split(|&b| b == 0).any(super::xattrs::is_recorded) => {
+            return Some(String::new());
+        }
+        // As a read of the set does (`xattrs::read_fd`): no xattrs here, an empty set.
+        Err(e) if sys::os_error(&e) == Some(libc::ENOTSUP) => return Some(String::new()),
+        // Recorded names, a list longer than the buffer (ERANGE), no listxattrat (ENOSYS).
+        _ => {}
+    }
+    let obj = sys::openat(dir, name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()?;
+    xattrs_name_of(obj.as_fd(), kind)
+}
+
 fn actor_key(a: &Actor) -> super::ActorKey {
     super::ActorKey {
         pid: a.pid,
@@ -703,14 +722,7 @@ impl History {
                         // now: through the object itself (no path walk from the root).
                         Ok(st) => meta_of(&st).map(|mut meta| {
                             if matches!(meta.kind, EntryKind::File | EntryKind::Dir) {
-                                meta.xattrs = sys::openat(
-                                    fd.as_fd(),
-                                    &name,
-                                    libc::O_PATH | libc::O_NOFOLLOW,
-                                    0,
-                                )
-                                .ok()
-                                .and_then(|obj| xattrs_name_of(obj.as_fd(), meta.kind));
+                                meta.xattrs = entry_xattrs_name(fd.as_fd(), &name, meta.kind);
                             }
                             meta
                         }),

@@ -79,6 +79,31 @@ pub fn listxattr(at: &XattrPath, buf: &mut [u8]) -> io::Result<usize> {
     cvt(n).map(|n| n as usize)
 }
 
+/// `listxattrat(2)` (Linux 6.13) of entry `name` of directory `dir`, not following a
+/// symlink: the names, with no path resolved from the root and no descriptor opened.
+/// ENOSYS where the kernel is older (the caller falls back to a path).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "listxattrat has no libc wrapper yet; it only reads attribute names"
+)]
+pub fn listxattr_at(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    /// The syscall's number, the same on every architecture (the unified table since 5.x).
+    const SYS_LISTXATTRAT: libc::c_long = 465;
+    // SAFETY: dir is an open fd; name is a C string; buf is writable for its length (or
+    // empty). listxattrat(dfd, path, at_flags, list, size) reads and writes nothing else.
+    let n = unsafe {
+        libc::syscall(
+            SYS_LISTXATTRAT,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    cvt(n).map(|n| n as usize)
+}
+
 /// fgetxattr(2) on an open (not O_PATH) fd.
 pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: fd is open; the name is a C string; buf is writable for its length (or empty).
