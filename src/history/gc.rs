@@ -590,6 +590,7 @@ pub fn gc_state_dir(
 ) -> io::Result<GcReport> {
     let transcript = state_dir.join(TRANSCRIPT_FILE);
     let journal_path = state_dir.join("backups").join(JOURNAL_FILE_NAME);
+    crate::state::format::check(state_dir)?;
     if !dry_run {
         // The caller holds the state lock, so no write is under way.
         crate::state::dir::remove_leftover_temps(state_dir)?;

@@ -394,6 +394,7 @@ pub(crate) fn backup_of(
         fill,
         // Set when the record is written (`Signer::sign_record`), with the key.
         mac: None,
+        preimage: false,
     }
 }
 

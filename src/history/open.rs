@@ -36,6 +36,8 @@ fn load(
     store: &Store,
     check_entry: &dyn Fn(&str, &TrackedFileBackup) -> Option<String>,
 ) -> io::Result<Loaded> {
+    // Before anything is read: records of a newer format would be misread.
+    crate::state::format::check(state_dir)?;
     let transcript_path = state_dir.join("transcript.jsonl");
     let journal_path = state_dir.join("backups").join("journal.jsonl");
     let outcome = read_transcript(&transcript_path).map_err(to_io)?;

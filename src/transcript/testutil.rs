@@ -26,6 +26,7 @@ fn file_backup(version: u32) -> TrackedFileBackup {
         actor: None,
         fill: false,
         mac: None,
+        preimage: false,
     }
 }
 
@@ -49,6 +50,7 @@ pub(crate) fn file_entry(version: u32, object: &str, time: &str) -> TrackedFileB
         actor: None,
         fill: false,
         mac: None,
+        preimage: false,
     }
 }
 
