@@ -896,6 +896,7 @@ mod tests {
             .iter()
             .map(|s| Checkpoint {
                 id: format!("c{s}"),
+                seq: *s,
                 time: at(T0 + s),
                 session: None,
             })

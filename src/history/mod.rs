@@ -58,6 +58,7 @@ pub(crate) mod process;
 pub mod quote;
 #[cfg(test)]
 mod rename_design;
+pub mod renames;
 pub mod settings;
 pub mod status;
 #[allow(

@@ -535,7 +535,11 @@ impl History {
         fresh_content: bool,
     ) -> io::Result<LayerSync> {
         let mut backups = BTreeMap::new();
-        backups.insert(rel.to_string(), backup_of(version, v, actor, fill));
+        let backup = backup_of(version, v, actor, fill);
+        if let Some(h) = st.paths.get_mut(rel) {
+            super::model::note_layer1(h, st.next_seq, &backup);
+        }
+        backups.insert(rel.to_string(), backup);
         let message = st.current_message();
         let mut record = Record::snapshot_update(
             message.as_deref(),

@@ -54,6 +54,20 @@ pub(crate) fn file_entry(version: u32, object: &str, time: &str) -> TrackedFileB
     }
 }
 
+/// A directory's meta (mode 0755, root's).
+pub(crate) fn dir_meta() -> EntryMeta {
+    EntryMeta {
+        kind: EntryKind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        rdev: None,
+    }
+}
+
 /// A Layer 1 record backing up `src/lib.rs` at version `seq`.
 pub(crate) fn backup(seq: u64, latest_checkpoint: Option<&str>) -> Record {
     let files = BTreeMap::from([("src/lib.rs".to_owned(), file_backup(seq as u32))]);
