@@ -92,6 +92,8 @@ impl History {
                 time: now,
             });
             let n = h.versions.len() as u32;
+            st.note_pending(&path);
+            let h = &st.paths[&path];
             delta.insert(
                 path.clone(),
                 backup_of(n, &h.versions[n as usize - 1], None, false),

@@ -56,6 +56,7 @@ mod open;
 mod open_files;
 pub(crate) mod process;
 pub mod quote;
+mod rename;
 #[cfg(test)]
 mod rename_design;
 pub mod renames;
@@ -86,6 +87,7 @@ use store::Store;
 pub use epoch::MutationAdmitted;
 pub(crate) use model::{ActorKey, State};
 pub use model::{Checkpoint, Version, VersionState, split_parent};
+pub use rename::RenameRecord;
 pub use view::{ViewContent, ViewEntry};
 
 /// Name of the virtual control directory at the mount root. The passthrough core serves it;
@@ -186,6 +188,12 @@ pub struct History {
     copying: std::sync::atomic::AtomicUsize,
     pending_cond: Condvar,
     stopping: std::sync::atomic::AtomicBool,
+    /// Held by a format-4 rename from its intent record to its outcome record, so that
+    /// renames are recorded in the order they happen. Lock order: after `epoch`, before
+    /// `state`.
+    rename_serial: Mutex<()>,
+    /// `STATE/format` says 4 (written before the first rename record).
+    format4_written: AtomicBool,
 }
 
 impl History {

@@ -134,6 +134,10 @@ pub(crate) struct State {
     /// Format 4's renames: those that happened, indexed by endpoint, and intents waiting
     /// for their outcome.
     pub renames: Renames,
+    /// The paths whose latest version is pending, sorted, so that a rename finds those at
+    /// or below its endpoints in O(log n + found) (the copier reads by name: they are
+    /// filled before the names move). Kept by [`State::note_pending`].
+    pub pending_paths: BTreeSet<String>,
 }
 
 /// Who changed a path, as far as attribution goes: the process and its session.
@@ -163,6 +167,47 @@ impl State {
 }
 
 impl State {
+    /// Updates [`State::pending_paths`] for `rel` after its versions changed.
+    pub(crate) fn note_pending(&mut self, rel: &str) {
+        if self
+            .paths
+            .get(rel)
+            .is_some_and(PathHistory::latest_is_pending)
+        {
+            if !self.pending_paths.contains(rel) {
+                self.pending_paths.insert(rel.to_string());
+            }
+        } else {
+            self.pending_paths.remove(rel);
+        }
+    }
+
+    /// The paths at or below `dir` whose latest version is pending.
+    pub(crate) fn pending_at_or_below(&self, dir: &str) -> Vec<String> {
+        self.pending_paths
+            .range(dir.to_string()..)
+            .take_while(|p| p.starts_with(dir))
+            .filter(|p| p.len() == dir.len() || p.as_bytes()[dir.len()] == b'/')
+            .cloned()
+            .collect()
+    }
+
+    /// Whether an ancestor of `rel` was renamed after seq `t` (so what is at `rel` now is
+    /// not what its records or versions up to `t` say).
+    pub(crate) fn renamed_above_since(&self, rel: &str, t: u64) -> bool {
+        self.renames
+            .first_ancestor_rename_after(rel, Some(t))
+            .is_some()
+    }
+
+    /// The seq at which `rel`'s latest version was made (its checkpoint's, or v1's record).
+    pub(crate) fn latest_version_seq(&self, h: &PathHistory) -> u64 {
+        match h.versions.last().and_then(|v| v.since) {
+            Some(k) => self.checkpoints.get(k).map_or(0, |c| c.seq),
+            None => h.v1_seq.unwrap_or(0),
+        }
+    }
+
     /// Marks tracked path `rel` changed since the last checkpoint.
     pub fn mark_dirty(&mut self, rel: &str) {
         if let Some(h) = self.paths.get_mut(rel) {
@@ -413,6 +458,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             if new_path {
                 state.track_child(path);
             }
+            state.note_pending(path);
         }
         return;
     }
@@ -448,6 +494,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             h.versions[v - 1].state = state_of(b);
         }
         note_layer1(h, r.seq, b);
+        state.note_pending(path);
         if !b.fill {
             state.mark_dirty(path);
         }

@@ -4,6 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 
 use log::{info, warn};
@@ -159,6 +160,8 @@ fn assemble(
         copying: Default::default(),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
+        rename_serial: Mutex::new(()),
+        format4_written: AtomicBool::new(false),
     }))
 }
 

@@ -125,10 +125,6 @@ impl Renames {
     /// Whether a rename that happened moved content to `p` or above it (its `to`, or either
     /// endpoint of an exchange, at or above `p`): such a name stays recorded even if
     /// excluded, since lookups of older checkpoints resolve to what is there.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "for live rename recording, not built yet")
-    )]
     pub fn moved_content_to(&self, p: &str) -> bool {
         let mut node = &self.trie;
         let mut walked = 0;

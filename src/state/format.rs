@@ -66,10 +66,6 @@ pub fn check(state_dir: &Path) -> io::Result<u32> {
 
 /// Makes the state dir say format `n` (at least), atomically and durably, before a record
 /// of that format is written. Writes nothing when it already says `n` or more.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "for live rename recording, not built yet")
-)]
 pub fn ensure(state_dir: &Path, n: u32) -> io::Result<()> {
     if read(state_dir)? >= n {
         return Ok(());
