@@ -273,6 +273,11 @@ impl History {
     }
 
     /// The kept checkpoint with index `k`, if any.
+    /// The renames after checkpoint `k`, oldest first (format 4; none before it).
+    pub fn renames_since(&self, k: usize) -> Vec<renames::Rename> {
+        self.lock().renames_since(k)
+    }
+
     pub fn checkpoint_at(&self, k: usize) -> Option<Checkpoint> {
         let st = self.lock();
         if k < st.first_kept {

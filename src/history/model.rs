@@ -574,6 +574,52 @@ impl State {
         (names, live)
     }
 
+    /// The renames after checkpoint `k`, oldest first.
+    pub fn renames_since(&self, k: usize) -> Vec<super::renames::Rename> {
+        self.renames
+            .after(self.checkpoints.get(k).map(|c| c.seq))
+            .to_vec()
+    }
+
+    /// The names a rewind to `k` compares beyond the tracked names that changed: every
+    /// tracked name at or below an endpoint of a rename since `k`, and the names their
+    /// content had before each such rename (so that a rename the rewind could not undo is
+    /// made good path by path). O(renames since k x tracked names).
+    pub fn names_moved_since(&self, k: usize) -> BTreeSet<String> {
+        let renames = self.renames_since(k);
+        let mut names = BTreeSet::new();
+        if renames.is_empty() {
+            return names;
+        }
+        let at_or_below = |dir: &str, p: &str| p == dir || below(dir, p).is_some();
+        names.extend(
+            self.paths
+                .keys()
+                .filter(|p| {
+                    renames
+                        .iter()
+                        .any(|r| at_or_below(&r.from, p) || at_or_below(&r.to, p))
+                })
+                .cloned(),
+        );
+        for r in renames.iter().rev() {
+            let mapped: Vec<String> = names
+                .iter()
+                .filter_map(|p| {
+                    if let Some(rest) = below(&r.to, p) {
+                        Some(format!("{}/{rest}", r.from))
+                    } else if let (Some(rest), true) = (below(&r.from, p), r.exchange) {
+                        Some(format!("{}/{rest}", r.to))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            names.extend(mapped);
+        }
+        names
+    }
+
     /// Whether a rename happened after checkpoint `k`: without one, every lookup at `k`
     /// is today's per-path answer, and untracked names are what they were.
     pub fn renamed_since(&self, k: usize) -> bool {

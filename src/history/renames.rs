@@ -20,6 +20,10 @@ pub struct Rename {
     pub from: String,
     pub to: String,
     pub exchange: bool,
+    /// `(st_dev, st_ino)` of what was at `from` and at `to` just before (a rewind undoes
+    /// the rename only where `to` still holds what it moved).
+    pub from_object: Option<(u64, u64)>,
+    pub to_object: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -68,6 +72,8 @@ impl Renames {
                 from: intent.from,
                 to: intent.to,
                 exchange: intent.exchange,
+                from_object: intent.from_object,
+                to_object: intent.to_object,
             });
         }
         true
