@@ -36,6 +36,8 @@ pub struct RenameRecord<'h> {
 impl RenameRecord<'_> {
     /// Records whether the rename happened.
     pub fn settle(mut self, done: bool) {
+        // Test-only: the daemon dies after the syscall, before its outcome is recorded.
+        super::gc::failpoint("rename-before-outcome");
         self.record(done);
     }
 
@@ -149,6 +151,8 @@ impl History {
         if self.sync_needed(false) == LayerSync::Journal {
             self.recorder()?.journal.sync()?;
         }
+        // Test-only: the daemon dies between the intent and the syscall.
+        super::gc::failpoint("rename-after-intent");
         Ok(RenameBackup {
             replaced,
             record: Some(RenameRecord {

@@ -90,10 +90,6 @@ impl Renames {
     }
 
     /// Every rename that happened, in seq order.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "for gc and rewind of format 4, not built yet")
-    )]
     pub fn done(&self) -> &[Rename] {
         &self.done
     }
