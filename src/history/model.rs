@@ -463,7 +463,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
         return;
     }
     if let Some(intent) = &r.rename {
-        state.renames.intend(r.seq, intent.clone());
+        state.renames.intend(r.seq, intent.as_ref().clone());
     }
     if let Some(seq) = r.renamed {
         state.renames.settle(seq, true);

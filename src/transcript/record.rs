@@ -45,8 +45,9 @@ pub struct Record {
     /// Extra (format 4): a rename through the mount, written ahead of the syscall (journal
     /// first, like every backup). Replay applies it only together with its outcome, a later
     /// record with `renamed` (it happened) or `renameFailed` (it did not) naming this seq.
+    /// Boxed: most records have none, and every record goes through the writer's channel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rename: Option<RenameIntent>,
+    pub rename: Option<Box<RenameIntent>>,
     /// Extra (format 4): the rename whose intent has this seq happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renamed: Option<u64>,
@@ -253,7 +254,7 @@ impl Record {
         intent: RenameIntent,
     ) -> Record {
         let mut r = Record::snapshot_update(latest_checkpoint, seq, timestamp, BTreeMap::new());
-        r.rename = Some(intent);
+        r.rename = Some(Box::new(intent));
         r
     }
 
