@@ -237,6 +237,36 @@ fn diff_lists_the_names_a_rename_moved_in_both_formats() {
     );
 }
 
+/// A state dir whose `format` is newer than this daemon knows is refused at mount, naming
+/// both numbers, and nothing is mounted; one without the file (formats 1–3) mounts.
+#[test]
+fn a_state_dir_of_a_newer_format_is_refused_naming_both_numbers() {
+    let mut m = TestMount::new();
+    checkpoint(&m, "c0");
+    m.umount();
+    assert!(
+        !m.state.join("format").exists(),
+        "no rename yet: no format file"
+    );
+    fs::write(m.state.join("format"), "5\n").unwrap();
+    let out = common::cli(&[
+        "mount",
+        m.src.to_str().unwrap(),
+        m.mnt.to_str().unwrap(),
+        "--state-dir",
+        m.state.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "mounted a format-5 state dir");
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("transcript format 5") && err.contains("format 4"),
+        "{err}"
+    );
+    fs::remove_file(m.state.join("format")).unwrap();
+    m.mount();
+    assert!(at(&m, "c0").is_dir());
+}
+
 /// Bytes the state dir's files take on disk.
 fn allocated(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
