@@ -87,6 +87,37 @@ impl History {
         }
     }
 
+    /// `target` of `path`, with content that lives at another name in SRC (format 4: the
+    /// state at the checkpoint moved there by a rename the rewind could not undo) taken
+    /// into the store first: the per-path pass may remove or change that name before it
+    /// writes `path`.
+    fn stored_if_moved(
+        &self,
+        path: &str,
+        target: Option<ViewEntry>,
+    ) -> io::Result<Option<ViewEntry>> {
+        let Some(ViewEntry {
+            content: crate::history::ViewContent::Live(q),
+            ..
+        }) = &target
+        else {
+            return Ok(target);
+        };
+        if q == path {
+            return Ok(target);
+        }
+        Ok(match self.capture(q)?.0 {
+            crate::history::VersionState::Present { meta, object } => Some(ViewEntry {
+                meta,
+                content: object.map_or(
+                    crate::history::ViewContent::None,
+                    crate::history::ViewContent::Object,
+                ),
+            }),
+            _ => None,
+        })
+    }
+
     /// The steps that make the tracked paths selected by `only` (all when empty) equal to
     /// checkpoint `k`. Untracked paths are unchanged since the mount, so they already are.
     pub fn plan_rewind(&self, k: usize, only: &[String]) -> io::Result<Vec<Step>> {
@@ -103,6 +134,13 @@ impl History {
                 })
                 .map(|(p, _)| p.clone())
                 .collect();
+            // Format 4: names moved by renames since k (none without rename records).
+            let moved = st.names_moved_since(k);
+            if !moved.is_empty() {
+                v.extend(moved);
+                v.sort();
+                v.dedup();
+            }
             v.sort();
             v
         };
@@ -119,7 +157,7 @@ impl History {
             .iter()
             .filter(|p| selected(p) && !self.is_excluded(p, None))
         {
-            let target = self.view_entry(k, path.as_bytes())?;
+            let target = self.stored_if_moved(path, self.view_entry(k, path.as_bytes())?)?;
             let current = self.current_meta(path)?;
             match (current, target) {
                 (None, None) => {}
@@ -526,6 +564,26 @@ pub fn rewind(
     let saved = history.unused_rewind_id(id);
     fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
+    // Format 4: the renames since k are undone as renames first, newest first (the moved
+    // files keep their inodes, and nothing below is copied); the per-path pass then
+    // compares what they left. Planned again, since the undos changed the tree.
+    let undone = if only.is_empty() {
+        undo_renames(fs, k)?
+    } else {
+        0
+    };
+    let steps = if undone > 0 {
+        let steps = history.plan_rewind(k, &only)?;
+        let steps = if opts.rewind_agent_state {
+            steps
+        } else {
+            keep_agent_state(steps, &only).0
+        };
+        check_plan(history, id, &steps, fs.owner().is_some())?;
+        steps
+    } else {
+        steps
+    };
     let done = std::cell::Cell::new(0);
     let applied = apply(fs, &steps, &mut |n, total| {
         done.set(n);
@@ -558,6 +616,64 @@ pub fn rewind(
         if steps.len() == 1 { "" } else { "s" }
     ));
     Ok(out)
+}
+
+/// Undoes the renames since checkpoint `k`, newest first, each as one rename through the
+/// mount's core (so recorded like any change): a plain rename `from` -> `to` by renaming
+/// `to` back to `from` (RENAME_NOREPLACE; exchanged with what is at `from` if something was
+/// made there since), an exchange by exchanging again. A rename whose `to` no longer holds what it moved (and, for an
+/// exchange, whose `from` no longer holds what came back) was undone, moved or removed
+/// since: skipped, with a log line, and left to the per-path pass. Returns how many were
+/// undone.
+fn undo_renames(fs: &PassthroughFs, k: usize) -> io::Result<usize> {
+    let history = fs.history();
+    let renames = history.renames_since(k);
+    let changer = Changer::new(fs);
+    let mut undone = 0;
+    for r in renames.iter().rev() {
+        let holds = |rel: &str, object: Option<(u64, u64)>| -> io::Result<bool> {
+            let (Some(object), Some(fd)) = (object, history.open_existing(rel)?) else {
+                return Ok(false);
+            };
+            let st = sys::fstat(fd.as_fd())?;
+            Ok((st.st_dev as u64, st.st_ino as u64) == object)
+        };
+        let in_place =
+            holds(&r.to, r.from_object)? && (!r.exchange || holds(&r.from, r.to_object)?);
+        if !in_place {
+            info!(
+                "rewind: not undoing the rename of {} to {}: what it moved is not there any \
+                 more (the per-path pass restores the content)",
+                quote_name(&r.from),
+                quote_name(&r.to)
+            );
+            continue;
+        }
+        // A plain rename whose `from` was made again since (`mv a b; mkdir a`) is undone
+        // by an exchange: `from` gets its content back, and what was made there moves to
+        // `to`, where the per-path pass removes or rewrites it like any later change.
+        let flags = if r.exchange || history.current_meta(&r.from)?.is_some() {
+            libc::RENAME_EXCHANGE
+        } else {
+            libc::RENAME_NOREPLACE
+        };
+        // What the per-path pass would make anyway: the directories above `from` that
+        // existed at k and are gone (removed by an earlier rewind, say).
+        changer.make_parents(&r.from, k)?;
+        match changer.rename(&r.to, &r.from, flags) {
+            Ok(()) => undone += 1,
+            Err(e) if is_errno(&e, libc::EEXIST) || is_errno(&e, libc::ENOENT) => {
+                info!(
+                    "rewind: not undoing the rename of {} to {}: {e} (the per-path pass \
+                     restores the content)",
+                    quote_name(&r.from),
+                    quote_name(&r.to)
+                );
+            }
+            Err(e) => return Err(sys::context(quote_name(&r.to), e)),
+        }
+    }
+    Ok(undone)
 }
 
 /// Refuses, changing nothing, a plan that could not be carried out whole as far as can be
@@ -940,6 +1056,41 @@ impl<'a> Changer<'a> {
     fn tell_kernel_entry(&self, parent: u64, name: &OsStr) {
         self.fs.kernel_forget_entry(parent, name);
         self.fs.kernel_forget_inode(parent, true);
+    }
+
+    /// Creates the directories above `rel` that are missing now and were directories at
+    /// checkpoint `k` (shallowest first); stops at the first that was not.
+    fn make_parents(&self, rel: &str, k: usize) -> io::Result<()> {
+        let mut end = 0;
+        while let Some(i) = rel[end..].find('/') {
+            end += i;
+            let dir = &rel[..end];
+            end += 1;
+            if self.history.current_meta(dir)?.is_some() {
+                continue;
+            }
+            match self.history.view_entry(k, dir.as_bytes())? {
+                Some(target) if target.meta.kind == EntryKind::Dir => {
+                    self.write_entry(dir, &target, true)?;
+                }
+                _ => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Renames `from` to `to` with `flags`, through the core (the gate records it).
+    fn rename(&self, from: &str, to: &str, flags: u32) -> io::Result<()> {
+        let mut looked = self.looked();
+        let (parent, name) = self.parent(from, &mut looked)?;
+        let (new_parent, new_name) = self.parent(to, &mut looked)?;
+        self.as_caller(|| {
+            self.fs
+                .rename(&self.caller, parent, name, new_parent, new_name, flags)
+        })?;
+        self.tell_kernel_entry(parent, name);
+        self.tell_kernel_entry(new_parent, new_name);
+        Ok(())
     }
 
     fn remove(&self, rel: &str, kind: EntryKind) -> io::Result<()> {

@@ -32,7 +32,7 @@ use log::debug;
 use super::handles::FileHandle;
 use super::inodes::{Inode, ObjectKey};
 use crate::history::store::LinkedObject;
-use crate::history::{Caller, History, MutationAdmitted};
+use crate::history::{Caller, History, MutationAdmitted, RenameRecord};
 use crate::sys::{self, errno};
 
 /// What every permit holds while its mutation runs: the epoch lock (shared) and the paths
@@ -88,6 +88,10 @@ pub struct EntryPermit<'g> {
 
 /// Permission for one rename(2). Made by [`Gate::rename_permit`].
 pub struct RenamePermit<'g> {
+    /// The format-4 record of the rename, whose outcome [`RenamePermit::rename`] records
+    /// (dropped unused: recorded as failed). First, so that it is dropped before the
+    /// admission: no checkpoint falls between a rename's intent and its outcome.
+    record: Option<RenameRecord<'g>>,
     _admission: Admission<'g>,
     dir: Arc<OwnedFd>,
     name: &'g CStr,
@@ -235,6 +239,7 @@ impl Gate {
         let from = self.rel_child(parent, name)?;
         let to = self.rel_child(new_parent, new_name)?;
         let mut replaced = None;
+        let mut record = None;
         if let (Some(from), Some(to)) = (from, to) {
             debug!(
                 "gate: {} renames {:?} -> {:?}{}",
@@ -243,9 +248,10 @@ impl Gate {
                 String::from_utf8_lossy(&to),
                 if exchange { " (exchange)" } else { "" }
             );
-            replaced = self
+            let backup = self
                 .history
                 .before_rename(caller, &from, &to, exchange, replaces)?;
+            (replaced, record) = (backup.replaced, backup.record);
             self.note_rules_dependency(&mut admission.rules_touched, from, true);
             self.note_rules_dependency(&mut admission.rules_touched, to, true);
         }
@@ -257,6 +263,7 @@ impl Gate {
             new_name,
             flags,
             replaced,
+            record,
         })
     }
 
@@ -617,6 +624,9 @@ impl RenamePermit<'_> {
         );
         if let Some(backup) = self.replaced.take() {
             settle(backup, &result);
+        }
+        if let Some(record) = self.record.take() {
+            record.settle(result.is_ok());
         }
         result
     }

@@ -122,6 +122,15 @@ impl History {
             }
             _ => self.lock().paths.keys().cloned().collect(),
         };
+        let mut paths = paths;
+        // Format 4: a rename between the points moved every name below its endpoints
+        // without a record of each: they are listed now, at both points (O(subtree), what
+        // the report's output is anyway), and compared like the others.
+        for dir in self.renamed_between(a, b) {
+            for point in [a, b] {
+                self.names_below(point, &dir, &mut paths)?;
+            }
+        }
         // Against the live tree, every path's attributes at once (a stat each).
         let live = if a == Point::Now || b == Point::Now {
             Some(self.current_metas(paths.iter().map(String::as_str))?)
@@ -136,6 +145,86 @@ impl History {
             }
         }
         Ok(out)
+    }
+
+    /// The endpoints of the renames between points `a` and `b` (format 4).
+    fn renamed_between(&self, a: Point, b: Point) -> BTreeSet<String> {
+        let st = self.lock();
+        if st.renames.done().is_empty() {
+            return BTreeSet::new();
+        }
+        let seq = |p: Point| match p {
+            Point::Origin => None,
+            Point::Checkpoint(k) => st.checkpoints.get(k).map(|c| c.seq),
+            Point::Now => Some(u64::MAX),
+        };
+        let (x, y) = (seq(a), seq(b));
+        let (lo, hi) = if x <= y { (x, y) } else { (y, x) };
+        st.renames
+            .after(lo)
+            .iter()
+            .take_while(|r| Some(r.seq) <= hi)
+            .flat_map(|r| [r.from.clone(), r.to.clone()])
+            .collect()
+    }
+
+    /// Adds to `out` every name below directory `dir` at point `p` (not excluded ones from
+    /// the live tree). The origin is not listed: its lookups are v1's, whatever moved.
+    fn names_below(&self, p: Point, dir: &str, out: &mut BTreeSet<String>) -> io::Result<()> {
+        let mut stack = vec![dir.to_string()];
+        while let Some(d) = stack.pop() {
+            let children: Vec<(String, bool)> = match p {
+                Point::Origin => return Ok(()),
+                Point::Checkpoint(k) => {
+                    if !self
+                        .entry_at(Some(k), d.as_bytes())?
+                        .is_some_and(|e| e.meta.kind == EntryKind::Dir)
+                    {
+                        continue;
+                    }
+                    self.view_list(k, d.as_bytes())?
+                        .into_iter()
+                        .filter_map(|(n, kind)| {
+                            Some((String::from_utf8(n).ok()?, kind == EntryKind::Dir))
+                        })
+                        .collect()
+                }
+                Point::Now => {
+                    let Some(fd) = self.open_existing(&d)? else {
+                        continue;
+                    };
+                    use std::os::fd::AsFd;
+                    if crate::sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                        continue;
+                    }
+                    let mut stream = crate::sys::DirStream::open(fd.as_fd(), true)?;
+                    let mut v = Vec::new();
+                    while let Some(e) = stream.next_entry()? {
+                        if e.name == b"." || e.name == b".." {
+                            continue;
+                        }
+                        if let Ok(n) = String::from_utf8(e.name.to_vec()) {
+                            let maybe_dir = matches!(e.d_type, libc::DT_DIR | libc::DT_UNKNOWN);
+                            v.push((n, maybe_dir));
+                        }
+                    }
+                    v
+                }
+            };
+            for (name, is_dir) in children {
+                let child = format!("{d}/{name}");
+                if self.is_excluded(&child, Some(is_dir))
+                    && !self.lock().renames.moved_content_to(&child)
+                {
+                    continue;
+                }
+                if is_dir {
+                    stack.push(child.clone());
+                }
+                out.insert(child);
+            }
+        }
+        Ok(())
     }
 
     /// How tracked path `p` differs between `a` and `b`; `None`: it does not.

@@ -70,8 +70,11 @@ impl History {
         let mut st = self.lock();
         // Files open for writing that were not dirty cannot exist (the open marked them),
         // except across a remount; treat them the same.
+        let seq = st.next_seq;
+        st.next_seq += 1;
         st.checkpoints.push(Checkpoint {
             id: id.to_string(),
+            seq,
             time: now,
             session: session.clone(),
         });
@@ -89,6 +92,8 @@ impl History {
                 time: now,
             });
             let n = h.versions.len() as u32;
+            st.note_pending(&path);
+            let h = &st.paths[&path];
             delta.insert(
                 path.clone(),
                 backup_of(n, &h.versions[n as usize - 1], None, false),
@@ -104,8 +109,6 @@ impl History {
                 continuing.push((path, n));
             }
         }
-        let seq = st.next_seq;
-        st.next_seq += 1;
         // The record lists only the new versions: every other path keeps its version at the
         // previous checkpoint, which replay already has. So a checkpoint costs O(changed),
         // whatever the size of the tree. Journal first (it is what survives a crash), before

@@ -48,7 +48,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use log::info;
 use serde::{Deserialize, Serialize};
 
-use super::model::{apply_record, backup_of};
+use super::model::{Resolved, apply_record, backup_of};
 use super::store::Store;
 use super::{Checkpoint, History, State};
 use crate::transcript::journal::{JOURNAL_FILE_NAME, Journal};
@@ -209,15 +209,26 @@ fn compact(
     let mut base = BTreeMap::new();
     // Versions before the base are gone: path → how many.
     let mut removed_versions: HashMap<&str, u32> = HashMap::new();
+    let mut first_is_v1: HashSet<&str> = HashSet::new();
     for (path, h) in &state.paths {
         if h.first_epoch > drop || h.versions.is_empty() {
             // First tracked after F: its own records, all kept, say everything.
             continue;
         }
         let n = h.version_at(drop);
+        removed_versions.insert(path.as_str(), n as u32 - 1);
+        // Format 4: a path whose state at F resolves through a kept rename (to another
+        // name, or SRC) gets no base entry, as if it had never changed before F; its first
+        // entry after F becomes its v1 (a pre-image entry there states it).
+        match state.resolve(path, Some(drop)) {
+            Resolved::Version { path: q, .. } if q == *path => {}
+            _ => {
+                first_is_v1.insert(path.as_str());
+                continue;
+            }
+        }
         // `fill`: the base is not a change, it must not mark the path changed.
         base.insert(path.clone(), backup_of(1, &h.versions[n - 1], None, true));
-        removed_versions.insert(path.as_str(), n as u32 - 1);
     }
     // `first.seq - 1` belonged to a dropped record (there is at least one: checkpoint 0), so
     // seqs stay strictly increasing and the compacted file still ends at the old last seq.
@@ -250,6 +261,10 @@ fn compact(
                 ));
             }
             b.version -= removed;
+            if first_is_v1.remove(path.as_str()) {
+                b.version = 1;
+                b.preimage = false;
+            }
         }
         out.push(r);
     }
@@ -580,6 +595,9 @@ fn adopt(st: &mut State, mut replayed: State, shift: usize) {
         .collect();
     st.paths = replayed.paths;
     st.dirty_paths = replayed.dirty_paths;
+    st.pending_paths = replayed.pending_paths;
+    // Only the renames after F: lookups at kept checkpoints read nothing older.
+    st.renames = replayed.renames;
     st.children = replayed.children;
     st.first_kept = shift;
     st.history_dropped = true;
@@ -596,6 +614,7 @@ pub fn gc_state_dir(
 ) -> io::Result<GcReport> {
     let transcript = state_dir.join(TRANSCRIPT_FILE);
     let journal_path = state_dir.join("backups").join(JOURNAL_FILE_NAME);
+    crate::state::format::check(state_dir)?;
     if !dry_run {
         // The caller holds the state lock, so no write is under way.
         crate::state::dir::remove_leftover_temps(state_dir)?;
@@ -930,6 +949,7 @@ mod tests {
             .iter()
             .map(|s| Checkpoint {
                 id: format!("c{s}"),
+                seq: *s,
                 time: at(T0 + s),
                 session: None,
             })
@@ -1080,6 +1100,91 @@ mod tests {
         ] {
             let err = parse_duration(bad).unwrap_err();
             assert!(err.contains("invalid duration"), "{bad:?}: {err}");
+        }
+    }
+
+    /// What every name resolves to at every checkpoint (format 4's lookup), by id: a store
+    /// object, absent, or the live name it is at.
+    fn resolved(records: &[Record], names: &[&str]) -> BTreeMap<(String, String), String> {
+        let (st, _) = replay(records);
+        let mut out = BTreeMap::new();
+        for (k, c) in st.checkpoints.iter().enumerate() {
+            for name in names {
+                let state = match st.resolve(name, Some(k)) {
+                    Resolved::Version { path, n } => st.paths[&path].versions[n - 1].state.clone(),
+                    Resolved::State(state) => state,
+                    Resolved::Live(q) => {
+                        out.insert((c.id.clone(), name.to_string()), format!("live {q}"));
+                        continue;
+                    }
+                };
+                let text = match state {
+                    super::super::VersionState::Present { object, .. } => {
+                        format!("{object:?}")
+                    }
+                    other => format!("{other:?}"),
+                };
+                out.insert((c.id.clone(), name.to_string()), text);
+            }
+        }
+        out
+    }
+
+    /// Format 4: records before the oldest kept checkpoint go, renames included; a path
+    /// whose state there resolves through a kept rename gets no base entry, and every kept
+    /// checkpoint resolves every name as before.
+    #[test]
+    fn gc_keeps_what_lookups_through_renames_read() {
+        use crate::transcript::record::RenameIntent;
+        let o = |n: u8| format!("{n:064x}");
+        let mut s = Script::new();
+        s.backup("a/x", file(1, &o(1)));
+        s.checkpoint("c0", T0, &[("a/x", file(2, &o(2)))]);
+        s.backup("d", absent(1));
+        s.checkpoint("c1", T0 + 10, &[("d", file(2, &o(5)))]);
+        let rename = |s: &mut Script, from: &str, to: &str| {
+            let seq = s.seq();
+            s.records.push(Record::rename_intent(
+                s.latest.as_deref(),
+                seq,
+                rfc3339(at(T0)),
+                RenameIntent {
+                    from: from.into(),
+                    to: to.into(),
+                    exchange: false,
+                    from_object: None,
+                    to_object: None,
+                },
+            ));
+            let done =
+                Record::rename_outcome(s.latest.as_deref(), seq + 1, rfc3339(at(T0)), seq, true);
+            s.records.push(done);
+        };
+        rename(&mut s, "a", "b");
+        s.backup("b/x", file(1, &o(2)));
+        s.checkpoint("c2", T0 + 20, &[("b/x", file(2, &o(3)))]);
+        rename(&mut s, "b", "a");
+        // a/x changed again below a renamed directory: a pre-image entry, no version.
+        let mut pre = file(2, &o(3));
+        pre.preimage = true;
+        s.backup("a/x", pre);
+        s.checkpoint("c3", T0 + 30, &[("a/x", file(3, &o(4)))]);
+        let records = s.records;
+        let names = ["a", "a/x", "b", "b/x", "d"];
+        let before = resolved(&records, &names);
+        for keep in [3, 2, 1] {
+            let p = plan(records.clone(), Retention::Keep(keep), at(T0 + 100)).unwrap();
+            let mut state = State::default();
+            for r in &p.records {
+                let why = super::super::model::impossible(&state, r, &mut |_| true, &|_, _| None);
+                assert_eq!(why, None, "keep {keep}: {r:?}");
+                apply_record(&mut state, r);
+            }
+            let after = resolved(&p.records, &names);
+            for (key, v) in &after {
+                assert_eq!(Some(v), before.get(key), "keep {keep}: {key:?}");
+            }
+            assert_eq!(after.len(), names.len() * keep, "keep {keep}");
         }
     }
 }

@@ -56,8 +56,10 @@ mod open;
 mod open_files;
 pub(crate) mod process;
 pub mod quote;
+mod rename;
 #[cfg(test)]
 mod rename_design;
+pub mod renames;
 pub mod settings;
 pub mod status;
 #[allow(
@@ -86,6 +88,7 @@ use store::Store;
 pub use epoch::MutationAdmitted;
 pub(crate) use model::{ActorKey, State};
 pub use model::{Checkpoint, Version, VersionState, split_parent};
+pub use rename::RenameRecord;
 pub use view::{ViewContent, ViewEntry};
 
 /// Name of the virtual control directory at the mount root. The passthrough core serves it;
@@ -194,6 +197,12 @@ pub struct History {
     /// browse requests only), which takes `state`: lock order before `state`, never taken
     /// with `changers_cache` held.
     log_index_cache: Mutex<Option<(logdiff::LogIndexKey, Arc<logdiff::LogIndex>)>>,
+    /// Held by a format-4 rename from its intent record to its outcome record, so that
+    /// renames are recorded in the order they happen. Lock order: after `epoch`, before
+    /// `state`.
+    rename_serial: Mutex<()>,
+    /// `STATE/format` says 4 (written before the first rename record).
+    format4_written: AtomicBool,
 }
 
 impl History {
@@ -273,6 +282,11 @@ impl History {
     }
 
     /// The kept checkpoint with index `k`, if any.
+    /// The renames after checkpoint `k`, oldest first (format 4; none before it).
+    pub fn renames_since(&self, k: usize) -> Vec<renames::Rename> {
+        self.lock().renames_since(k)
+    }
+
     pub fn checkpoint_at(&self, k: usize) -> Option<Checkpoint> {
         let st = self.lock();
         if k < st.first_kept {

@@ -16,6 +16,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::SystemTime;
 
+use super::renames::{Renames, below};
 use crate::transcript::record::{
     Actor, EntryMeta, FILE_HISTORY_SNAPSHOT, Record, TrackedFileBackup, rfc3339,
 };
@@ -41,9 +42,23 @@ pub enum VersionState {
     },
 }
 
+/// What a Layer 1 record of a path says: the path's state just before a change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Before {
+    /// That version (1-based): a new v1, or a repeat of the version stored last.
+    Version(usize),
+    /// A `preimage` entry (format 4): a state that is no version.
+    State(VersionState),
+}
+
 #[derive(Debug, Default)]
 pub struct PathHistory {
     pub versions: Vec<Version>,
+    /// The path's Layer 1 records that are changes (neither fills nor gc bases), in seq
+    /// order: (seq, what it says). Lookups through renames read the first one after a seq.
+    pub changes: Vec<(u64, Before)>,
+    /// The seq of the record that made v1 (a gcBase's: before the oldest kept checkpoint).
+    pub v1_seq: Option<u64>,
     /// Changed since the last checkpoint (or open for writing across it).
     pub dirty: bool,
     /// Number of checkpoints when the path was first tracked: checkpoint k lists the path
@@ -71,6 +86,8 @@ impl PathHistory {
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub id: String,
+    /// The seq of its record (`c_k` in docs/design.md, "Renames in O(1)").
+    pub seq: u64,
     pub time: SystemTime,
     /// The agent session that took it (see [`Record::session`](crate::transcript::record::Record::session)),
     /// if one is known.
@@ -114,6 +131,13 @@ pub(crate) struct State {
     /// `log` names everyone and a session-scoped rewind sees conflicts. An entry of an older
     /// epoch counts as empty.
     pub message_actors: HashMap<String, (usize, Vec<ActorKey>)>,
+    /// Format 4's renames: those that happened, indexed by endpoint, and intents waiting
+    /// for their outcome.
+    pub renames: Renames,
+    /// The paths whose latest version is pending, sorted, so that a rename finds those at
+    /// or below its endpoints in O(log n + found) (the copier reads by name: they are
+    /// filled before the names move). Kept by [`State::note_pending`].
+    pub pending_paths: BTreeSet<String>,
 }
 
 /// Who changed a path, as far as attribution goes: the process and its session.
@@ -143,6 +167,47 @@ impl State {
 }
 
 impl State {
+    /// Updates [`State::pending_paths`] for `rel` after its versions changed.
+    pub(crate) fn note_pending(&mut self, rel: &str) {
+        if self
+            .paths
+            .get(rel)
+            .is_some_and(PathHistory::latest_is_pending)
+        {
+            if !self.pending_paths.contains(rel) {
+                self.pending_paths.insert(rel.to_string());
+            }
+        } else {
+            self.pending_paths.remove(rel);
+        }
+    }
+
+    /// The paths at or below `dir` whose latest version is pending.
+    pub(crate) fn pending_at_or_below(&self, dir: &str) -> Vec<String> {
+        self.pending_paths
+            .range(dir.to_string()..)
+            .take_while(|p| p.starts_with(dir))
+            .filter(|p| p.len() == dir.len() || p.as_bytes()[dir.len()] == b'/')
+            .cloned()
+            .collect()
+    }
+
+    /// Whether an ancestor of `rel` was renamed after seq `t` (so what is at `rel` now is
+    /// not what its records or versions up to `t` say).
+    pub(crate) fn renamed_above_since(&self, rel: &str, t: u64) -> bool {
+        self.renames
+            .first_ancestor_rename_after(rel, Some(t))
+            .is_some()
+    }
+
+    /// The seq at which `rel`'s latest version was made (its checkpoint's, or v1's record).
+    pub(crate) fn latest_version_seq(&self, h: &PathHistory) -> u64 {
+        match h.versions.last().and_then(|v| v.since) {
+            Some(k) => self.checkpoints.get(k).map_or(0, |c| c.seq),
+            None => h.v1_seq.unwrap_or(0),
+        }
+    }
+
     /// Marks tracked path `rel` changed since the last checkpoint.
     pub fn mark_dirty(&mut self, rel: &str) {
         if let Some(h) = self.paths.get_mut(rel) {
@@ -210,6 +275,9 @@ pub(crate) fn impossible(
         // Not applied (see `apply_record`), so nothing to check.
         return None;
     }
+    if let Some(why) = impossible_rename(state, r) {
+        return Some(why);
+    }
     for (path, b) in &r.snapshot.tracked_file_backups {
         let known = state.paths.get(path).map_or(0, |h| h.versions.len());
         if b.version == 0 || b.version as usize > known + 1 {
@@ -217,6 +285,17 @@ pub(crate) fn impossible(
                 "{path:?} jumps to version {} after {known} version{}",
                 b.version,
                 if known == 1 { "" } else { "s" }
+            ));
+        }
+        if b.preimage && (!r.is_snapshot_update || b.pending || b.fill || known == 0) {
+            return Some(format!(
+                "{path:?} has a pre-image entry that is not one of a tracked path's changes"
+            ));
+        }
+        if b.preimage && b.version as usize != known {
+            return Some(format!(
+                "{path:?} has a pre-image entry at version {} of {known}; it names the latest",
+                b.version
             ));
         }
         // Invariant 3: only a checkpoint makes a version after v1. A Layer 1 record backs up
@@ -262,6 +341,60 @@ pub(crate) fn impossible(
         if let Some(why) = check_entry(path, b) {
             return Some(why);
         }
+    }
+    None
+}
+
+/// Why the rename fields of `r` (format 4) cannot follow `state`: a rename record with
+/// entries, an endpoint that is not a relative path, endpoints one inside the other, an
+/// intent repeated, or an outcome of no intent waiting for one.
+fn impossible_rename(state: &State, r: &Record) -> Option<String> {
+    let fields = [
+        r.rename.is_some(),
+        r.renamed.is_some(),
+        r.rename_failed.is_some(),
+    ];
+    let n = fields.iter().filter(|f| **f).count();
+    if n == 0 {
+        return None;
+    }
+    if n > 1 || !r.is_snapshot_update || !r.snapshot.tracked_file_backups.is_empty() {
+        return Some(
+            "a rename record must be a Layer 1 record with no entries and one of rename, \
+             renamed, renameFailed"
+                .to_string(),
+        );
+    }
+    if let Some(intent) = &r.rename {
+        let bad = |p: &str| {
+            p.is_empty()
+                || p.split('/')
+                    .any(|c| c.is_empty() || c == "." || c == ".." || c.contains('\0'))
+        };
+        for end in [&intent.from, &intent.to] {
+            if bad(end) {
+                return Some(format!("rename endpoint {end:?} is not a relative path"));
+            }
+        }
+        if intent.from == intent.to
+            || below(&intent.from, &intent.to).is_some()
+            || below(&intent.to, &intent.from).is_some()
+        {
+            return Some(format!(
+                "rename of {:?} to {:?}: one is inside the other",
+                intent.from, intent.to
+            ));
+        }
+        if state.renames.is_pending(r.seq) {
+            return Some(format!("rename intent {} repeated", r.seq));
+        }
+    }
+    if let Some(seq) = r.renamed.or(r.rename_failed)
+        && !state.renames.is_pending(seq)
+    {
+        return Some(format!(
+            "the outcome of rename {seq}, which no intent before it waits for"
+        ));
     }
     None
 }
@@ -318,6 +451,7 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             humantime::parse_rfc3339(&r.snapshot.timestamp).unwrap_or(SystemTime::UNIX_EPOCH);
         state.checkpoints.push(Checkpoint {
             id: id.clone(),
+            seq: r.seq,
             time,
             session: r.session.clone(),
         });
@@ -339,8 +473,18 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             if new_path {
                 state.track_child(path);
             }
+            state.note_pending(path);
         }
         return;
+    }
+    if let Some(intent) = &r.rename {
+        state.renames.intend(r.seq, intent.as_ref().clone());
+    }
+    if let Some(seq) = r.renamed {
+        state.renames.settle(seq, true);
+    }
+    if let Some(seq) = r.rename_failed {
+        state.renames.settle(seq, false);
     }
     let epoch = state.checkpoints.len();
     for (path, b) in &r.snapshot.tracked_file_backups {
@@ -350,7 +494,9 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
             h.first_epoch = epoch;
         }
         let v = b.version as usize;
-        if v == h.versions.len() + 1 {
+        if b.preimage {
+            // A state that is no version (`impossible` checked the path is tracked).
+        } else if v == h.versions.len() + 1 {
             h.versions.push(Version {
                 since: None,
                 state: state_of(b),
@@ -362,11 +508,232 @@ pub(crate) fn apply_record(state: &mut State, r: &Record) {
         {
             h.versions[v - 1].state = state_of(b);
         }
+        note_layer1(h, r.seq, b);
+        state.note_pending(path);
         if !b.fill {
             state.mark_dirty(path);
         }
         if new_path {
             state.track_child(path);
+        }
+    }
+}
+
+/// Notes Layer 1 entry `b` of record `seq` in its path's history `h`, after its version (if
+/// any) was added: a change goes to `changes`, and the record that made v1 gives `v1_seq`.
+/// Replay and live recording share it.
+pub(crate) fn note_layer1(h: &mut PathHistory, seq: u64, b: &TrackedFileBackup) {
+    if h.v1_seq.is_none() && b.version == 1 && !b.preimage {
+        h.v1_seq = Some(seq);
+    }
+    if b.fill {
+        return;
+    }
+    let before = if b.preimage {
+        Before::State(state_of(b))
+    } else {
+        Before::Version(b.version as usize)
+    };
+    h.changes.push((seq, before));
+}
+
+/// Where the state of a name at a checkpoint is ([`State::resolve`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved {
+    /// Version `n` (1-based) of tracked name `path` (perhaps another name than the one
+    /// looked up: what was there moved).
+    Version { path: String, n: usize },
+    /// A state recorded as no version (a `preimage` entry), or absent.
+    State(VersionState),
+    /// What is at `path` in SRC now: nothing changed it since (it is where the content
+    /// moved to, if it moved).
+    Live(String),
+}
+
+impl State {
+    /// The state of name `p` at checkpoint `k`: `at(p, c_k)` of docs/design.md ("Lookups
+    /// resolve forward"). O(depth · (1 + h)) for `h` ancestor renames met after `k`; with no
+    /// rename records, exactly [`PathHistory::version_at`] (or `Live` for an untracked
+    /// name). `None` for `k`: the origin (the tree before any change through the mount; the
+    /// oldest kept checkpoint once gc dropped the ones before).
+    pub fn resolve(&self, p: &str, k: Option<usize>) -> Resolved {
+        match k {
+            Some(k) => self.at(p, self.checkpoints.get(k).map(|c| c.seq), Some(k)),
+            None if self.history_dropped => self.resolve(p, Some(self.first_kept)),
+            None => self.at(p, None, None),
+        }
+    }
+
+    /// Where the entries of directory `dir` at checkpoint `k` are to be found: the names its
+    /// content passed through from `k` to now (`dir` first; each holds tracked children of
+    /// it), and the live directory that holds it now (`None`: a rename replaced it with
+    /// something that had no entries, so none of its entries are live).
+    pub fn dir_sources(&self, dir: &str, k: usize) -> (Vec<String>, Option<String>) {
+        if dir.is_empty() {
+            // The root is never renamed.
+            return (vec![String::new()], Some(String::new()));
+        }
+        // A name no record names: only renames move it, so the lookup ends where the
+        // directory's content is now.
+        const PROBE: &str = "/\0";
+        let mut trace = Vec::new();
+        let t = self.checkpoints.get(k).map(|c| c.seq);
+        let live = match self.at_traced(&format!("{dir}{PROBE}"), t, None, Some(&mut trace)) {
+            Resolved::Live(q) => q.strip_suffix(PROBE).map(str::to_string),
+            _ => None,
+        };
+        let names = trace
+            .into_iter()
+            .filter_map(|q| q.strip_suffix(PROBE).map(str::to_string))
+            .collect();
+        (names, live)
+    }
+
+    /// The renames after checkpoint `k`, oldest first.
+    pub fn renames_since(&self, k: usize) -> Vec<super::renames::Rename> {
+        self.renames
+            .after(self.checkpoints.get(k).map(|c| c.seq))
+            .to_vec()
+    }
+
+    /// The names a rewind to `k` compares beyond the tracked names that changed: every
+    /// tracked name at or below an endpoint of a rename since `k`, and the names their
+    /// content had before each such rename (so that a rename the rewind could not undo is
+    /// made good path by path). O(renames since k x tracked names).
+    pub fn names_moved_since(&self, k: usize) -> BTreeSet<String> {
+        let renames = self.renames_since(k);
+        let mut names = BTreeSet::new();
+        if renames.is_empty() {
+            return names;
+        }
+        let at_or_below = |dir: &str, p: &str| p == dir || below(dir, p).is_some();
+        names.extend(
+            self.paths
+                .keys()
+                .filter(|p| {
+                    renames
+                        .iter()
+                        .any(|r| at_or_below(&r.from, p) || at_or_below(&r.to, p))
+                })
+                .cloned(),
+        );
+        for r in renames.iter().rev() {
+            let mapped: Vec<String> = names
+                .iter()
+                .filter_map(|p| {
+                    if let Some(rest) = below(&r.to, p) {
+                        Some(format!("{}/{rest}", r.from))
+                    } else if let (Some(rest), true) = (below(&r.from, p), r.exchange) {
+                        Some(format!("{}/{rest}", r.to))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            names.extend(mapped);
+        }
+        names
+    }
+
+    /// Whether a rename happened after checkpoint `k`: without one, every lookup at `k`
+    /// is today's per-path answer, and untracked names are what they were.
+    pub fn renamed_since(&self, k: usize) -> bool {
+        !self
+            .renames
+            .after(self.checkpoints.get(k).map(|c| c.seq))
+            .is_empty()
+    }
+
+    /// `at(q, t)`: the state of `q` just after seq `t` (`None`: before every record), `k`
+    /// the checkpoint whose record `t` is.
+    fn at(&self, q: &str, t: Option<u64>, k: Option<usize>) -> Resolved {
+        self.at_traced(q, t, k, None)
+    }
+
+    /// [`State::at`], pushing onto `trace` each name the lookup passed through (`q` first,
+    /// then the name after each rename hop).
+    fn at_traced(
+        &self,
+        q: &str,
+        mut t: Option<u64>,
+        mut k: Option<usize>,
+        mut trace: Option<&mut Vec<String>>,
+    ) -> Resolved {
+        let mut q = q.to_string();
+        loop {
+            if let Some(trace) = trace.as_deref_mut() {
+                trace.push(q.clone());
+            }
+            let h = self.paths.get(&q);
+            // 1. A version made at k itself.
+            if let (Some(k), Some(h)) = (k, h)
+                && let Some(i) = h.versions.iter().rposition(|v| v.since == Some(k))
+            {
+                return Resolved::Version { path: q, n: i + 1 };
+            }
+            // 2. The first after t of q's next change record and its next ancestor rename.
+            let change = h.and_then(|h| {
+                let i = h.changes.partition_point(|(s, _)| Some(*s) <= t);
+                h.changes.get(i)
+            });
+            let rename = self.renames.first_ancestor_rename_after(&q, t);
+            if let Some((_, before)) = change.filter(|(s, _)| rename.is_none_or(|r| *s < r.seq)) {
+                return match before {
+                    Before::Version(n) => Resolved::Version { path: q, n: *n },
+                    Before::State(state) => Resolved::State(state.clone()),
+                };
+            }
+            let Some(r) = rename else {
+                // 3. Neither.
+                return self.unchanged_since(&q, t);
+            };
+            if let Some(rest) = below(&r.from, &q) {
+                q = format!("{}/{rest}", r.to);
+            } else if let (Some(rest), true) = (below(&r.to, &q), r.exchange) {
+                q = format!("{}/{rest}", r.from);
+            } else {
+                // Below `to` of a plain rename: it replaced an absent name, a
+                // non-directory or an empty directory, so nothing was below it.
+                return Resolved::State(VersionState::Absent);
+            }
+            t = Some(r.seq);
+            k = None;
+        }
+    }
+
+    /// 3. Nothing changed `q` after `t`: its latest version at or before `t`, if nothing
+    ///    changed it between that version and `t` either (today's answer, which keeps a
+    ///    view stable against changes behind the mount's back), else SRC's `q`.
+    fn unchanged_since(&self, q: &str, t: Option<u64>) -> Resolved {
+        let live = || Resolved::Live(q.to_string());
+        let Some(h) = self.paths.get(q) else {
+            return live();
+        };
+        let seq_of = |v: &Version| match v.since {
+            Some(j) => self.checkpoints.get(j).map(|c| c.seq),
+            None => h.v1_seq,
+        };
+        let Some((i, vseq)) = h
+            .versions
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, v)| seq_of(v).filter(|&s| Some(s) <= t).map(|s| (i, s)))
+        else {
+            return live();
+        };
+        let changed_between = h.changes.iter().any(|(s, _)| *s > vseq && Some(*s) <= t)
+            || self
+                .renames
+                .first_ancestor_rename_after(q, Some(vseq))
+                .is_some_and(|r| Some(r.seq) <= t);
+        if changed_between {
+            live()
+        } else {
+            Resolved::Version {
+                path: q.to_string(),
+                n: i + 1,
+            }
         }
     }
 }
@@ -409,6 +776,7 @@ pub(crate) fn backup_of(
         fill,
         // Set when the record is written (`Signer::sign_record`), with the key.
         mac: None,
+        preimage: false,
     }
 }
 
@@ -417,7 +785,6 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::transcript::record::EntryKind;
     use crate::transcript::testutil::file_entry;
 
     const T: &str = "2026-01-02T03:04:05Z";
@@ -477,6 +844,7 @@ mod tests {
             versions: vec![v(None), v(Some(2)), v(Some(5))],
             dirty: false,
             first_epoch: 0,
+            ..PathHistory::default()
         };
         assert_eq!(h.version_at(0), 1);
         assert_eq!(h.version_at(1), 1);
@@ -656,17 +1024,7 @@ mod tests {
     #[test]
     fn every_path_has_a_version_at_every_checkpoint_after_replay() {
         let dir = |v: u32| TrackedFileBackup {
-            meta: Some(crate::transcript::record::EntryMeta {
-                kind: EntryKind::Dir,
-                mode: 0o755,
-                uid: 0,
-                gid: 0,
-                size: 0,
-                mtime_sec: 0,
-                mtime_nsec: 0,
-                rdev: None,
-                xattrs: None,
-            }),
+            meta: Some(crate::transcript::testutil::dir_meta()),
             backup_file_name: None,
             ..file_entry(v, &obj(0), T)
         };

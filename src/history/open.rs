@@ -3,7 +3,8 @@
 //! a read-only one for reports.
 use std::collections::{HashSet, VecDeque};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 
 use log::{info, warn};
@@ -17,7 +18,7 @@ use crate::transcript::journal::Journal;
 use crate::transcript::mac::{
     RecordKey, Signer, StateId, new_state_id, read_state_id, write_state_id,
 };
-use crate::transcript::record::{Record, TrackedFileBackup};
+use crate::transcript::record::{Record, RenameIntent, TrackedFileBackup};
 use crate::transcript::replay::{read_transcript, truncate_torn_tail};
 use crate::transcript::writer::{TranscriptWriter, rewrite_atomically};
 
@@ -36,6 +37,8 @@ fn load(
     store: &Store,
     check_entry: &dyn Fn(&str, &TrackedFileBackup) -> Option<String>,
 ) -> io::Result<Loaded> {
+    // Before anything is read: records of a newer format would be misread.
+    crate::state::format::check(state_dir)?;
     let transcript_path = state_dir.join("transcript.jsonl");
     let journal_path = state_dir.join("backups").join("journal.jsonl");
     let outcome = read_transcript(&transcript_path).map_err(to_io)?;
@@ -159,6 +162,8 @@ fn assemble(
         log_index_cache: Default::default(),
         pending_cond: Condvar::new(),
         stopping: Default::default(),
+        rename_serial: Mutex::new(()),
+        format4_written: AtomicBool::new(false),
     }))
 }
 
@@ -210,7 +215,7 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
     for r in loaded.journal_tail {
         transcript.append(r);
     }
-    assemble(
+    let history = assemble(
         cfg,
         source_fd,
         store,
@@ -220,7 +225,9 @@ pub fn open_history(mut cfg: HistoryConfig) -> io::Result<Arc<History>> {
             transcript,
             signer,
         }),
-    )
+    )?;
+    history.settle_dangling_renames()?;
+    Ok(history)
 }
 
 /// Replays a state dir for a daemon and migrates it: set-id entries are checked against
@@ -366,7 +373,66 @@ pub fn open_history_readonly(cfg: HistoryConfig) -> io::Result<Arc<History>> {
     let source_fd = open_source(&cfg.source)?;
     let store = Arc::new(Store::open(&cfg.state_dir.join("backups"))?);
     let loaded = load(&cfg.state_dir, &store, &|_, _| None)?;
-    assemble(cfg, source_fd, store, loaded.state, None)
+    let history = assemble(cfg, source_fd, store, loaded.state, None)?;
+    history.settle_dangling_renames()?;
+    Ok(history)
+}
+
+impl History {
+    /// Decides each rename intent that replay found without an outcome (the daemon stopped
+    /// between the two records) from SRC, as docs/design.md says: it happened iff `to` now
+    /// holds `fromObject` (and, for an exchange, `from` holds `toObject`). Nothing else
+    /// changes SRC through the mount while no daemon serves it. Logs the decision; a daemon
+    /// also records it as the outcome (journal, then transcript), so that later changes of
+    /// SRC cannot change it; a read-only open only applies it in memory.
+    fn settle_dangling_renames(&self) -> io::Result<()> {
+        let dangling: Vec<(u64, RenameIntent)> = self
+            .lock()
+            .renames
+            .pending()
+            .map(|(seq, intent)| (seq, intent.clone()))
+            .collect();
+        for (seq, intent) in dangling {
+            let holds = |rel: &str, object: Option<(u64, u64)>| -> io::Result<bool> {
+                let (Some(object), Some(fd)) = (object, self.open_existing(rel)?) else {
+                    return Ok(false);
+                };
+                let st = crate::sys::fstat(fd.as_fd())?;
+                Ok((st.st_dev as u64, st.st_ino as u64) == object)
+            };
+            let done = holds(&intent.to, intent.from_object)?
+                && (!intent.exchange || holds(&intent.from, intent.to_object)?);
+            warn!(
+                "the rename of {:?} to {:?} (seq {seq}) has no recorded outcome (the daemon \
+                 stopped in between); {:?} {}, so it {}",
+                intent.from,
+                intent.to,
+                intent.to,
+                if done {
+                    "holds what was renamed"
+                } else {
+                    "does not hold what was to be renamed"
+                },
+                if done { "happened" } else { "did not happen" }
+            );
+            let mut st = self.lock();
+            let message = st.current_message();
+            let record = Record::rename_outcome(
+                message.as_deref(),
+                st.next_seq,
+                crate::transcript::record::rfc3339(std::time::SystemTime::now()),
+                seq,
+                done,
+            );
+            st.next_seq += 1;
+            if let Some(rec) = self.recorder.as_ref() {
+                rec.journal.append(&record, false)?;
+                rec.transcript.append(record.clone());
+            }
+            super::model::apply_record(&mut st, &record);
+        }
+        Ok(())
+    }
 }
 
 fn to_io(e: crate::transcript::replay::ReplayError) -> io::Error {
@@ -613,5 +679,52 @@ mod tests {
             read_state_id(dir.path()).unwrap().unwrap().id,
             signer.state_id()
         );
+    }
+
+    /// A rename intent without its outcome (the daemon killed between the two records) is
+    /// decided from SRC at replay: done iff `to` holds what `from` held, both ways.
+    #[test]
+    fn a_dangling_rename_intent_is_decided_from_src() {
+        use std::os::unix::fs::MetadataExt;
+        for happened in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let (src, state) = (dir.path().join("src"), dir.path().join("state"));
+            std::fs::create_dir_all(src.join("a/deep")).unwrap();
+            std::fs::create_dir(&state).unwrap();
+            let md = std::fs::metadata(src.join("a")).unwrap();
+            let intent = RenameIntent {
+                from: "a".into(),
+                to: "b".into(),
+                exchange: false,
+                from_object: Some((md.dev(), md.ino())),
+                to_object: None,
+            };
+            let records = vec![
+                Record::checkpoint_delta("c0", 1, T.into(), BTreeMap::new()),
+                Record::rename_intent(Some("c0"), 2, T.into(), intent),
+            ];
+            rewrite_atomically(&state.join("transcript.jsonl"), &records).unwrap();
+            if happened {
+                std::fs::rename(src.join("a"), src.join("b")).unwrap();
+            }
+            let history = open_history_readonly(HistoryConfig {
+                source: src.clone(),
+                root: None,
+                state_dir: state,
+                exclusions: Default::default(),
+                durability: Default::default(),
+            })
+            .unwrap();
+            let st = history.lock();
+            assert_eq!(st.renames.pending().count(), 0, "decided");
+            let done: Vec<_> = st.renames.done().iter().map(|r| r.seq).collect();
+            assert_eq!(done, if happened { vec![2] } else { vec![] });
+            // The lookup follows the decision: `a/deep` at c0 is what is at `b/deep` now.
+            let expect = if happened { "b/deep" } else { "a/deep" };
+            assert_eq!(
+                st.resolve("a/deep", Some(0)),
+                crate::history::model::Resolved::Live(expect.into())
+            );
+        }
     }
 }

@@ -4,8 +4,9 @@
 //! a renamed directory), and every name is looked up at every checkpoint by the design's
 //! forward resolution. The reference is the tree itself, snapshot at each checkpoint: what
 //! today's per-path form answers (it records every path below a renamed directory, so its
-//! views are the snapshots). Test-only: the model (src/history/model.rs) does not have
-//! rename records yet.
+//! views are the snapshots). Test-only. Every sequence is also recorded as format-4
+//! records and replayed through the real model (`real_model` below: `apply_record`,
+//! `State::resolve`), which must give the same answers.
 //!
 //! Left out of the toy: files open for writing across a checkpoint (captured by their
 //! current names at each checkpoint, as now), pending versions (filled before a rename),
@@ -253,31 +254,60 @@ impl Recorded {
 /// Runs `ops` from `initial` (made in SRC directly: untracked), recording in the design's
 /// form, then compares the lookup of every name, at every checkpoint, with the snapshot.
 /// Excluded names are left out, as their views are live in both forms. Returns the number
-/// of lookups compared.
+/// of lookups compared. Then the same through the real model ([`real_model::check_real`]).
 fn check(initial: &[(&str, Obj)], ops: &[Op]) -> usize {
+    let compared = check_toy(initial, ops);
+    assert_eq!(real_model::check_real(initial, ops), compared);
+    compared
+}
+
+fn check_toy(initial: &[(&str, Obj)], ops: &[Op]) -> usize {
+    let rec = std::cell::RefCell::new(Recorded::default());
+    drive(
+        initial,
+        ops,
+        |tree, op| {
+            let mut rec = rec.borrow_mut();
+            match op {
+                Op::Write(p, _) | Op::Mkdir(p) | Op::Remove(p) => rec.before_change(tree, p),
+                Op::Rename(from, to, exchange) => {
+                    rec.before_change(tree, from);
+                    rec.before_change(tree, to);
+                    let seq = rec.seq();
+                    rec.renames.push(Rename {
+                        seq,
+                        from: from.clone(),
+                        to: to.clone(),
+                        exchange: *exchange,
+                    });
+                }
+                Op::Checkpoint => rec.checkpoint(tree),
+            }
+        },
+        |name, k, live| {
+            let rec = rec.borrow();
+            rec.at(name, rec.checkpoint_seq[k], Some(k), live)
+        },
+    )
+}
+
+/// Runs `ops` from `initial`, calling `record` before each op is applied to the tree, then
+/// compares `lookup(name, k, final tree)` of every name at every checkpoint with the tree's
+/// snapshot there. Excluded names are left out. Returns the number of lookups compared.
+fn drive(
+    initial: &[(&str, Obj)],
+    ops: &[Op],
+    mut record: impl FnMut(&Tree, &Op),
+    lookup: impl Fn(&str, usize, &Tree) -> Option<Obj>,
+) -> usize {
     let mut tree: Tree = initial.iter().map(|(p, o)| (p.to_string(), *o)).collect();
-    let mut rec = Recorded::default();
     let mut snapshots: Vec<Tree> = Vec::new();
     let mut names: BTreeSet<String> = tree.keys().cloned().collect();
     for op in ops {
         assert!(valid(&tree, op), "invalid {op:?} on {tree:?}");
-        match op {
-            Op::Write(p, _) | Op::Mkdir(p) | Op::Remove(p) => rec.before_change(&tree, p),
-            Op::Rename(from, to, exchange) => {
-                rec.before_change(&tree, from);
-                rec.before_change(&tree, to);
-                let seq = rec.seq();
-                rec.renames.push(Rename {
-                    seq,
-                    from: from.clone(),
-                    to: to.clone(),
-                    exchange: *exchange,
-                });
-            }
-            Op::Checkpoint => {
-                rec.checkpoint(&tree);
-                snapshots.push(tree.clone());
-            }
+        record(&tree, op);
+        if let Op::Checkpoint = op {
+            snapshots.push(tree.clone());
         }
         apply(&mut tree, op);
         names.extend(tree.keys().cloned());
@@ -288,9 +318,8 @@ fn check(initial: &[(&str, Obj)], ops: &[Op]) -> usize {
     let mut compared = 0;
     for (k, snapshot) in snapshots.iter().enumerate() {
         for name in names.iter().filter(|n| !excluded(n)) {
-            let got = rec.at(name, rec.checkpoint_seq[k], Some(k), &tree);
             assert_eq!(
-                got,
+                lookup(name, k, &tree),
                 snapshot.get(name).copied(),
                 "{name} at checkpoint {k} after {ops:?} from {initial:?}"
             );
@@ -491,4 +520,177 @@ fn random_sequences_agree_with_the_snapshots() {
         compared += check(&initial, &ops);
     }
     assert!(compared > 50_000, "only {compared} lookups compared");
+}
+
+/// The same sequences recorded as a format-4 daemon writes them (Layer 1 records with
+/// `preimage` entries, checkpoint deltas, a rename intent and its outcome), replayed through
+/// the real model ([`super::model::impossible`], [`super::model::apply_record`]) and looked
+/// up with [`super::model::State::resolve`], against the snapshots.
+mod real_model {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::history::model::{Resolved, State, VersionState, apply_record, impossible};
+    use crate::transcript::record::{EntryKind, Record, RenameIntent, TrackedFileBackup};
+    use crate::transcript::testutil::{dir_meta, file_entry};
+
+    const T: &str = "2026-01-02T03:04:05Z";
+
+    fn object(c: u32) -> String {
+        format!("{:064x}", c + 1)
+    }
+
+    fn entry(version: u32, o: Option<Obj>) -> TrackedFileBackup {
+        let mut b = file_entry(version, &object(0), T);
+        match o {
+            None => {
+                b.meta = None;
+                b.backup_file_name = None;
+            }
+            Some(Obj::Dir) => {
+                b.meta = Some(dir_meta());
+                b.backup_file_name = None;
+            }
+            Some(Obj::File(c)) => b.backup_file_name = Some(object(c)),
+        }
+        b
+    }
+
+    fn obj_of(state: &VersionState) -> Option<Obj> {
+        match state {
+            VersionState::Absent => None,
+            VersionState::Present { meta, object: o } => Some(match meta.kind {
+                EntryKind::Dir => Obj::Dir,
+                _ => Obj::File(u32::from_str_radix(o.as_deref().unwrap(), 16).unwrap() - 1),
+            }),
+            VersionState::Pending => panic!("no pending versions here"),
+        }
+    }
+
+    struct Daemon {
+        state: State,
+        seq: u64,
+    }
+
+    impl Daemon {
+        fn apply(&mut self, mut r: Record) {
+            r.seq = self.seq;
+            self.seq += 1;
+            let why = impossible(&self.state, &r, &mut |_| true, &|_, _| None);
+            assert_eq!(why, None, "{r:?}");
+            apply_record(&mut self.state, &r);
+        }
+
+        fn message(&self) -> Option<String> {
+            self.state.checkpoints.last().map(|c| c.id.clone())
+        }
+
+        /// Layer 1 by format 4's rules (docs/design.md), before a direct change of `p`.
+        fn before_change(&mut self, tree: &Tree, p: &str) {
+            let st = &self.state;
+            if excluded(p) && !st.renames.moved_content_to(p) {
+                return;
+            }
+            let now = tree.get(p).copied();
+            let h = st.paths.get(p);
+            let renamed_above_since =
+                |s: u64| st.renames.first_ancestor_rename_after(p, Some(s)).is_some();
+            if let Some(h) = h
+                && h.dirty
+            {
+                let last = h.changes.last().map_or(0, |c| c.0);
+                if !renamed_above_since(last) {
+                    return;
+                }
+            }
+            let b = match h {
+                None => entry(1, now),
+                Some(h) => {
+                    let n = h.versions.len();
+                    let latest = &h.versions[n - 1];
+                    let since = match latest.since {
+                        Some(k) => st.checkpoints[k].seq,
+                        None => h.v1_seq.unwrap(),
+                    };
+                    let mut b = entry(n as u32, now);
+                    if renamed_above_since(since) || h.dirty {
+                        b.preimage = true;
+                    } else {
+                        assert_eq!(
+                            obj_of(&latest.state),
+                            now,
+                            "{p}: the version Layer 1 would repeat is not there"
+                        );
+                    }
+                    b
+                }
+            };
+            let files = BTreeMap::from([(p.to_string(), b)]);
+            let m = self.message();
+            self.apply(Record::snapshot_update(m.as_deref(), 0, T.into(), files));
+        }
+
+        fn checkpoint(&mut self, tree: &Tree) {
+            let k = self.state.checkpoints.len();
+            let mut delta = BTreeMap::new();
+            for p in &self.state.dirty_paths {
+                let n = self.state.paths[p].versions.len() as u32 + 1;
+                delta.insert(p.clone(), entry(n, tree.get(p).copied()));
+            }
+            self.apply(Record::checkpoint_delta(
+                &format!("c{k}"),
+                0,
+                T.into(),
+                delta,
+            ));
+        }
+
+        fn rename(&mut self, from: &str, to: &str, exchange: bool) {
+            let m = self.message();
+            let intent = RenameIntent {
+                from: from.into(),
+                to: to.into(),
+                exchange,
+                from_object: None,
+                to_object: None,
+            };
+            let seq = self.seq;
+            self.apply(Record::rename_intent(m.as_deref(), 0, T.into(), intent));
+            self.apply(Record::rename_outcome(m.as_deref(), 0, T.into(), seq, true));
+        }
+    }
+
+    /// [`check`] through the real model.
+    pub(super) fn check_real(initial: &[(&str, Obj)], ops: &[Op]) -> usize {
+        let d = std::cell::RefCell::new(Daemon {
+            state: State::default(),
+            seq: 1,
+        });
+        drive(
+            initial,
+            ops,
+            |tree, op| {
+                let mut d = d.borrow_mut();
+                match op {
+                    Op::Write(p, _) | Op::Mkdir(p) | Op::Remove(p) => d.before_change(tree, p),
+                    Op::Rename(from, to, exchange) => {
+                        d.before_change(tree, from);
+                        d.before_change(tree, to);
+                        d.rename(from, to, *exchange);
+                    }
+                    Op::Checkpoint => d.checkpoint(tree),
+                }
+            },
+            |name, k, live| {
+                let d = d.borrow();
+                match d.state.resolve(name, Some(k)) {
+                    Resolved::Version { path, n } => {
+                        obj_of(&d.state.paths[&path].versions[n - 1].state)
+                    }
+                    Resolved::State(s) => obj_of(&s),
+                    Resolved::Live(q) => live.get(&q).copied(),
+                }
+            },
+        )
+    }
 }

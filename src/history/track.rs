@@ -136,6 +136,9 @@ enum Need {
     MarkDirty,
     /// Copy the current state as a new v1 (untracked) or into the pending latest version.
     Capture,
+    /// Copy the current state as a pre-image entry that makes no version (format 4: an
+    /// ancestor was renamed since the path's latest version or record).
+    Preimage,
 }
 
 impl History {
@@ -236,7 +239,9 @@ impl History {
             );
             return Ok(None);
         };
-        if self.is_excluded(rel, is_dir) {
+        // Excluded, unless a rename moved tracked content there (format 4: lookups of
+        // older checkpoints resolve to what is there now).
+        if self.is_excluded(rel, is_dir) && !self.lock().renames.moved_content_to(rel) {
             return Ok(None);
         }
         self.track_as(rel, Some(caller), how, at)
@@ -254,12 +259,15 @@ impl History {
         to: &[u8],
         exchange: bool,
         replaces: bool,
-    ) -> io::Result<Option<LinkedObject<'_>>> {
+    ) -> io::Result<super::rename::RenameBackup<'_>> {
         let _daemon = FsCredsGuard::as_daemon();
         let _payer = self.budgets.pay_as(caller.uid)?;
         let (Some(from), Some(to)) = (rel_key(from), rel_key(to)) else {
             warn!("not tracking a rename involving a non-UTF-8 path");
-            return Ok(None);
+            return Ok(super::rename::RenameBackup {
+                replaced: None,
+                record: None,
+            });
         };
         // After the rename `to` holds what `from` is now (exchanged: each the other's), so
         // an exclusion rule for directories must see `from`'s type at both names.
@@ -270,6 +278,15 @@ impl History {
         };
         let from_is_dir = kind_of(from);
         let to_is_dir = if exchange { kind_of(to) } else { from_is_dir };
+        if super::rename::format4_enabled() {
+            return self.before_rename_v4(
+                caller,
+                (from.as_bytes(), to.as_bytes()),
+                (from_is_dir, to_is_dir),
+                exchange,
+                replaces,
+            );
+        }
         self.before_change(caller, from.as_bytes(), from_is_dir)?;
         let linked = if replaces {
             self.before_removal(caller, to.as_bytes(), to_is_dir)?
@@ -281,7 +298,10 @@ impl History {
         if exchange {
             self.track_subtree_move(caller, to, from)?;
         }
-        Ok(linked)
+        Ok(super::rename::RenameBackup {
+            replaced: linked,
+            record: None,
+        })
     }
 
     fn track_subtree_move(&self, caller: &Caller, from: &str, to: &str) -> io::Result<()> {
@@ -400,7 +420,18 @@ impl History {
                 None => Need::Capture,
                 Some(h) if h.latest_is_pending() => Need::Capture,
                 Some(_) if fill => Need::Nothing,
-                Some(h) if h.dirty => Need::Nothing,
+                // Format 4: a change is recorded once since the later of the last checkpoint
+                // and the last rename of an ancestor (what is at the name may have come
+                // from elsewhere since); then as a pre-image, no version.
+                Some(h) if h.dirty => {
+                    let last = h.changes.last().map_or(0, |c| c.0);
+                    if st.renamed_above_since(rel, last) {
+                        Need::Preimage
+                    } else {
+                        Need::Nothing
+                    }
+                }
+                Some(h) if st.renamed_above_since(rel, st.latest_version_seq(h)) => Need::Preimage,
                 Some(_) => Need::MarkDirty,
             };
             match need {
@@ -449,6 +480,39 @@ impl History {
                     return self
                         .emit_layer1(&mut st, rel, n, &v, actor, false, false)
                         .map(|s| (s, false, None));
+                }
+                Need::Preimage => {
+                    st.busy.insert(rel.to_string());
+                    drop(st);
+                    if let (Some(c), None) = (caller, &actor) {
+                        actor = Some(self.actor(c));
+                    }
+                    let leaving = how == Capture::Leaving;
+                    let captured = match at {
+                        At::Object(fd) => self.capture_fd(fd, leaving),
+                        At::Entry(dir, name) => self.capture_entry(dir, name, leaving),
+                        At::Path => self.capture_as(rel, leaving),
+                    };
+                    st = self.lock();
+                    st.busy.remove(rel);
+                    self.busy_cond.notify_all();
+                    let (state, fresh_content, linked) = captured?;
+                    let n = st.paths.get(rel).map_or(0, |h| h.versions.len());
+                    let v = Version {
+                        since: None,
+                        state,
+                        time: SystemTime::now(),
+                    };
+                    let mut backup = backup_of(n as u32, &v, actor.clone(), false);
+                    backup.preimage = true;
+                    st.mark_dirty(rel);
+                    if let Some(a) = &actor {
+                        st.note_actor(rel, actor_key(a));
+                    }
+                    debug!("layer 1: {rel} below a renamed directory, pre-image recorded");
+                    return self
+                        .emit_backup(&mut st, rel, backup, fresh_content)
+                        .map(|s| (s, fresh_content, linked));
                 }
                 Need::Capture => {
                     st.busy.insert(rel.to_string());
@@ -514,6 +578,7 @@ impl History {
                     if !h.latest_is_pending() {
                         st.open_fills.remove(rel);
                     }
+                    st.note_pending(rel);
                     if !fill {
                         st.mark_dirty(rel);
                     }
@@ -574,8 +639,23 @@ impl History {
         fill: bool,
         fresh_content: bool,
     ) -> io::Result<LayerSync> {
+        self.emit_backup(st, rel, backup_of(version, v, actor, fill), fresh_content)
+    }
+
+    /// Writes the Layer 1 record of `backup` for `rel` (journal, then the transcript's
+    /// queue) and notes it in the model.
+    fn emit_backup(
+        &self,
+        st: &mut State,
+        rel: &str,
+        backup: crate::transcript::record::TrackedFileBackup,
+        fresh_content: bool,
+    ) -> io::Result<LayerSync> {
         let mut backups = BTreeMap::new();
-        backups.insert(rel.to_string(), backup_of(version, v, actor, fill));
+        if let Some(h) = st.paths.get_mut(rel) {
+            super::model::note_layer1(h, st.next_seq, &backup);
+        }
+        backups.insert(rel.to_string(), backup);
         let message = st.current_message();
         let mut record = Record::snapshot_update(
             message.as_deref(),

@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use super::CONTROL_DIR_NAME;
+use super::model::Resolved;
 use super::{History, VersionState};
 use crate::sys::{self, errno};
 use crate::transcript::record::{EntryKind, EntryMeta};
@@ -27,6 +28,14 @@ pub enum ViewContent {
 pub struct ViewEntry {
     pub meta: EntryMeta,
     pub content: ViewContent,
+}
+
+/// The view entry of a stored state.
+fn present(meta: EntryMeta, object: Option<String>) -> ViewEntry {
+    ViewEntry {
+        meta,
+        content: object.map_or(ViewContent::None, ViewContent::Object),
+    }
 }
 
 impl History {
@@ -51,25 +60,30 @@ impl History {
                 // A view of a checkpoint gc dropped (the kernel may still cache its inode).
                 return Err(errno(libc::ENOENT));
             }
-            let Some(h) = st.paths.get(rel) else {
-                drop(st);
-                return self.live_entry(rel);
+            // The name whose version holds the state (`rel`, or the name it moved to).
+            let (path, n) = match st.resolve(rel, at) {
+                Resolved::Live(q) => {
+                    drop(st);
+                    return self.live_entry(&q);
+                }
+                Resolved::State(VersionState::Present { meta, object }) => {
+                    return Ok(Some(present(meta, object)));
+                }
+                Resolved::State(VersionState::Absent) => return Ok(None),
+                // A pre-image entry is never pending (replay refuses one).
+                Resolved::State(VersionState::Pending) => return Err(errno(libc::EIO)),
+                Resolved::Version { path, n } => (path, n),
             };
-            let n = at.map_or(1, |k| h.version_at(k));
+            let h = &st.paths[&path];
             let v = &h.versions[n - 1];
             match &v.state {
                 VersionState::Absent => return Ok(None),
                 VersionState::Present { meta, object } => {
-                    return Ok(Some(ViewEntry {
-                        meta: meta.clone(),
-                        content: object
-                            .clone()
-                            .map_or(ViewContent::None, ViewContent::Object),
-                    }));
+                    return Ok(Some(present(meta.clone(), object.clone())));
                 }
                 // An older version is pending only while the copy that fills it is under
                 // way (see `State::open_fills`): wait for it.
-                VersionState::Pending if n < h.versions.len() && st.busy.contains(rel) => {
+                VersionState::Pending if n < h.versions.len() && st.busy.contains(&path) => {
                     drop(self.busy_cond.wait(st).unwrap_or_else(|p| p.into_inner()));
                 }
                 // Otherwise no fill could ever reach it.
@@ -78,8 +92,8 @@ impl History {
                         std::sync::atomic::AtomicBool::new(false);
                     super::open_files::log_once(&LOGGED, || {
                         format!(
-                            "{rel}: version {n} of {} is pending, which only the latest may be \
-                             (a bug: its view answers EIO)",
+                            "{path}: version {n} of {} is pending, which only the latest may \
+                             be (a bug: its view answers EIO)",
                             h.versions.len()
                         )
                     });
@@ -89,7 +103,7 @@ impl History {
                 // later change, then look again.
                 VersionState::Pending => {
                     drop(st);
-                    self.fill_if_pending(rel)?;
+                    self.fill_if_pending(&path)?;
                 }
             }
         }
@@ -111,18 +125,28 @@ impl History {
     pub fn view_list(&self, k: usize, rel: &[u8]) -> io::Result<Vec<(Vec<u8>, EntryKind)>> {
         let rel_s = super::rel_key(rel).ok_or_else(|| errno(libc::ENOENT))?;
         let mut out: BTreeMap<Vec<u8>, EntryKind> = BTreeMap::new();
-        let tracked: Vec<String> = {
+        // The tracked children of every name the directory's content passed through since
+        // `k`, and the live directory holding it now (format 4: renames move content).
+        let (tracked, live_dir, renamed) = {
             let st = self.lock();
             if k < st.first_kept {
                 return Err(errno(libc::ENOENT));
             }
-            st.children
-                .get(rel_s)
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default()
+            let (names, live_dir) = st.dir_sources(rel_s, k);
+            let mut tracked: Vec<String> = names
+                .iter()
+                .filter_map(|n| st.children.get(n))
+                .flatten()
+                .cloned()
+                .collect();
+            tracked.sort();
+            tracked.dedup();
+            (tracked, live_dir, st.renamed_since(k))
         };
-        // Untracked entries are unchanged since the mount, so they exist at every checkpoint.
-        if let Ok(fd) = self.open_beneath(rel_s) {
+        // Untracked entries are unchanged since the mount, so they exist at every checkpoint
+        // (where the directory's content is now; with a rename since `k`, each is checked
+        // by its own lookup, as what it holds may have come or gone by a rename).
+        if let Some(fd) = live_dir.and_then(|d| self.open_beneath(&d).ok()) {
             let dir_st = sys::fstat(fd.as_fd())?;
             if dir_st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                 let mut stream = sys::DirStream::open(fd.as_fd(), true)?;
@@ -140,6 +164,12 @@ impl History {
                         continue;
                     }
                     let child = join(rel_s, &name);
+                    if renamed {
+                        if let Some(e) = self.view_entry(k, &child)? {
+                            out.insert(name, e.meta.kind);
+                        }
+                        continue;
+                    }
                     let kind = match e.d_type {
                         libc::DT_DIR => EntryKind::Dir,
                         libc::DT_LNK => EntryKind::Symlink,

@@ -37,6 +37,7 @@ const STATE_ENTRIES: &[&str] = &[
     "backups",
     "backups/journal.jsonl",
     crate::state::reserve::GC_RESERVE_FILE,
+    crate::state::format::FORMAT_FILE,
 ];
 
 fn refused(msg: String) -> io::Error {

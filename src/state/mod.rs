@@ -8,5 +8,6 @@
 pub mod atomic;
 pub mod dir;
 pub mod durability;
+pub mod format;
 pub mod lock;
 pub mod reserve;

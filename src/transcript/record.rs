@@ -42,6 +42,36 @@ pub struct Record {
     /// records from before the field, and for checkpoints taken outside any session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// Extra (format 4): a rename through the mount, written ahead of the syscall (journal
+    /// first, like every backup). Replay applies it only together with its outcome, a later
+    /// record with `renamed` (it happened) or `renameFailed` (it did not) naming this seq.
+    /// Boxed: most records have none, and every record goes through the writer's channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename: Option<Box<RenameIntent>>,
+    /// Extra (format 4): the rename whose intent has this seq happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed: Option<u64>,
+    /// Extra (format 4): the rename whose intent has this seq failed; nothing moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename_failed: Option<u64>,
+}
+
+/// What a rename is about to do (the `rename` field of a format-4 record). Nothing below
+/// the two names is listed: what is below `from` moves with it, and lookups resolve through
+/// the rename (docs/design.md, "Renames in O(1)").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenameIntent {
+    pub from: String,
+    pub to: String,
+    /// `renameat2(RENAME_EXCHANGE)`: each name gets what the other held.
+    pub exchange: bool,
+    /// `(st_dev, st_ino)` of what is at `from` just before the rename (`null`: nothing).
+    /// Replay decides a rename whose outcome is missing (a crash between the two records)
+    /// by looking for this object at `to`.
+    pub from_object: Option<(u64, u64)>,
+    /// `(st_dev, st_ino)` of what is at `to` just before the rename (`null`: nothing).
+    pub to_object: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +114,12 @@ pub struct TrackedFileBackup {
     /// user's record key ([`super::mac`]). Replay refuses such an entry without a valid one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// Extra (format 4), only in Layer 1 records of a tracked path: this entry is the path's
+    /// state just before a change, captured because an ancestor of the path was renamed
+    /// since its latest version (so that version is not what was there). It makes no
+    /// version: `version` is the path's latest, which it leaves as it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preimage: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,7 +255,40 @@ impl Record {
             gc_base: false,
             delta: false,
             session: None,
+            rename: None,
+            renamed: None,
+            rename_failed: None,
         }
+    }
+
+    /// A rename's intent (format 4): a Layer 1 record with no entries and a `rename` field.
+    pub fn rename_intent(
+        latest_checkpoint: Option<&str>,
+        seq: u64,
+        timestamp: String,
+        intent: RenameIntent,
+    ) -> Record {
+        let mut r = Record::snapshot_update(latest_checkpoint, seq, timestamp, BTreeMap::new());
+        r.rename = Some(Box::new(intent));
+        r
+    }
+
+    /// A rename's outcome (format 4): the rename of intent `intent_seq` happened (`done`) or
+    /// failed.
+    pub fn rename_outcome(
+        latest_checkpoint: Option<&str>,
+        seq: u64,
+        timestamp: String,
+        intent_seq: u64,
+        done: bool,
+    ) -> Record {
+        let mut r = Record::snapshot_update(latest_checkpoint, seq, timestamp, BTreeMap::new());
+        if done {
+            r.renamed = Some(intent_seq);
+        } else {
+            r.rename_failed = Some(intent_seq);
+        }
+        r
     }
 
     /// True for a checkpoint (Layer 2) record, false for a Layer 1 record.
@@ -247,5 +316,36 @@ mod tests {
             "{line}"
         );
         assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), r);
+    }
+
+    /// Format 4's two rename records, as docs/transcript-format.md shows them.
+    #[test]
+    fn rename_records_round_trip_in_the_documented_shape() {
+        let intent = Record::rename_intent(
+            Some("c4"),
+            57,
+            "2026-03-02T10:15:07.000Z".into(),
+            RenameIntent {
+                from: "a".into(),
+                to: "b".into(),
+                exchange: false,
+                from_object: Some((2049, 1312)),
+                to_object: None,
+            },
+        );
+        let line = serde_json::to_string(&intent).unwrap();
+        assert_eq!(
+            line,
+            r#"{"type":"file-history-snapshot","messageId":"c4","snapshot":{"messageId":"c4","trackedFileBackups":{},"timestamp":"2026-03-02T10:15:07.000Z"},"isSnapshotUpdate":true,"seq":57,"rename":{"from":"a","to":"b","exchange":false,"fromObject":[2049,1312],"toObject":null}}"#
+        );
+        assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), intent);
+        let done =
+            Record::rename_outcome(Some("c4"), 58, "2026-03-02T10:15:07.000Z".into(), 57, true);
+        let line = serde_json::to_string(&done).unwrap();
+        assert!(line.ends_with(r#""seq":58,"renamed":57}"#), "{line}");
+        let failed = Record::rename_outcome(None, 59, "2026-03-02T10:15:07.000Z".into(), 57, false);
+        let line = serde_json::to_string(&failed).unwrap();
+        assert!(line.ends_with(r#""seq":59,"renameFailed":57}"#), "{line}");
+        assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), failed);
     }
 }

@@ -27,6 +27,7 @@ fn file_backup(version: u32) -> TrackedFileBackup {
         actor: None,
         fill: false,
         mac: None,
+        preimage: false,
     }
 }
 
@@ -51,6 +52,22 @@ pub(crate) fn file_entry(version: u32, object: &str, time: &str) -> TrackedFileB
         actor: None,
         fill: false,
         mac: None,
+        preimage: false,
+    }
+}
+
+/// A directory's meta (mode 0755, root's).
+pub(crate) fn dir_meta() -> EntryMeta {
+    EntryMeta {
+        kind: EntryKind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        rdev: None,
+        xattrs: None,
     }
 }
 
