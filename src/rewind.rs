@@ -26,8 +26,10 @@ use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
 use crate::history::{History, agent_state, xattrs};
 use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::EntryKind;
+use undo::{Now, Undo, Undos};
 
 mod check;
+mod undo;
 
 /// One difference between the current tree and the target checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,13 +89,13 @@ impl History {
         }
     }
 
-    /// `target` of `path`, with content that lives at another name in SRC (format 4: the
-    /// state at the checkpoint moved there by a rename the rewind could not undo) taken
-    /// into the store first: the per-path pass may remove or change that name before it
-    /// writes `path`.
+    /// `target` of a path whose content is at `now` in SRC (none: nothing), with content
+    /// that lives at another name in SRC (format 4: the state at the checkpoint moved there
+    /// by a rename the rewind could not undo) taken into the store first: the per-path pass
+    /// may remove or change that name before it writes the path.
     fn stored_if_moved(
         &self,
-        path: &str,
+        now: Option<&str>,
         target: Option<ViewEntry>,
     ) -> io::Result<Option<ViewEntry>> {
         let Some(ViewEntry {
@@ -103,7 +105,7 @@ impl History {
         else {
             return Ok(target);
         };
-        if q == path {
+        if Some(q.as_str()) == now {
             return Ok(target);
         }
         Ok(match self.capture(q)?.0 {
@@ -119,8 +121,9 @@ impl History {
     }
 
     /// The steps that make the tracked paths selected by `only` (all when empty) equal to
-    /// checkpoint `k`. Untracked paths are unchanged since the mount, so they already are.
-    pub fn plan_rewind(&self, k: usize, only: &[String]) -> io::Result<Vec<Step>> {
+    /// checkpoint `k`, once `undos` are done (read from SRC as it is now through them).
+    /// Untracked paths are unchanged since the mount, so they already are.
+    fn plan_rewind(&self, k: usize, only: &[String], undos: &Undos) -> io::Result<Vec<Step>> {
         // A path unchanged since its latest version, which is also its version at k, is
         // already as it was at k: only the others need comparing (reading and hashing
         // every tracked file would make a rewind cost O(bytes tracked)).
@@ -157,8 +160,20 @@ impl History {
             .iter()
             .filter(|p| selected(p) && !self.is_excluded(p, None))
         {
-            let target = self.stored_if_moved(path, self.view_entry(k, path.as_bytes())?)?;
-            let current = self.current_meta(path)?;
+            // Where the content this name has after the undos is now.
+            let now = match undos.now(path) {
+                Now::At(q) => Some(q),
+                Now::Gone => None,
+                // Made by the undos as it was at k.
+                Now::Made => continue,
+            };
+            let target =
+                self.stored_if_moved(now.as_deref(), self.view_entry(k, path.as_bytes())?)?;
+            let current = match &now {
+                Some(q) => self.current_meta(q)?,
+                None => None,
+            };
+            let now = now.as_deref().unwrap_or(path);
             match (current, target) {
                 (None, None) => {}
                 (Some(cur), None) => steps.push(Step::Remove {
@@ -181,7 +196,7 @@ impl History {
                             target,
                         });
                     } else if (m.kind == EntryKind::File && cur.size != m.size)
-                        || !self.same_content(path, &target)?
+                        || !self.same_content(now, &target)?
                     {
                         steps.push(Step::Rewrite {
                             path: path.clone(),
@@ -192,7 +207,7 @@ impl History {
                         || cur.gid != m.gid
                         || (m.kind == EntryKind::File
                             && (cur.mtime_sec, cur.mtime_nsec) != (m.mtime_sec, m.mtime_nsec))
-                        || (m.xattrs.is_some() && m.xattrs != self.current_xattrs_name(path)?)
+                        || (m.xattrs.is_some() && m.xattrs != self.current_xattrs_name(now)?)
                     {
                         steps.push(Step::Metadata {
                             path: path.clone(),
@@ -504,7 +519,16 @@ pub fn rewind(
         only = paths;
         session_paths = Some(changed);
     }
-    let steps = history.plan_rewind(k, &only)?;
+    // Format 4: a whole-tree rewind first undoes the renames since k as renames, newest
+    // first (the moved files keep their inodes, and nothing below is copied); the per-path
+    // plan is made for the tree they leave, so that both are checked before either starts.
+    let src_now = SrcNow { history, k };
+    let undos = if only.is_empty() {
+        Undos::plan(&history.renames_since(k), &src_now)?
+    } else {
+        Undos::default()
+    };
+    let steps = history.plan_rewind(k, &only, &undos)?;
     // A session's rewind must not reach what others made inside a directory it created or
     // removed (rewinding `d` would remove their `d/x` too).
     if let Some(changed) = &session_paths {
@@ -547,12 +571,24 @@ pub fn rewind(
         ));
     }
     // Checked before anything changes (a dry run reports the same refusal).
-    check_plan(history, id, &steps, fs.owner().is_some())?;
+    check_plan(
+        history,
+        id,
+        &steps,
+        fs.owner().is_some(),
+        &AfterUndos {
+            src: &src_now,
+            undos: &undos,
+        },
+    )?;
     if dry_run {
-        if steps.is_empty() {
+        if steps.is_empty() && undos.steps.is_empty() {
             out.push_str(&format!(
                 "nothing to change: the tree already equals '{id}'\n"
             ));
+        }
+        for u in &undos.steps {
+            out.push_str(&format!("would {}\n", describe_undo(u)));
         }
         for s in &steps {
             out.push_str(&format!("would {}\n", s.describe()));
@@ -564,139 +600,130 @@ pub fn rewind(
     let saved = history.unused_rewind_id(id);
     fs.checkpoint(&saved, opts.checkpoint_session.clone())?;
     out.push_str(&format!("saved current state as {saved}\n"));
-    // Format 4: the renames since k are undone as renames first, newest first (the moved
-    // files keep their inodes, and nothing below is copied); the per-path pass then
-    // compares what they left. Planned again, since the undos changed the tree.
-    let undone = if only.is_empty() {
-        undo_renames(fs, k)?
-    } else {
-        0
-    };
-    let steps = if undone > 0 {
-        let steps = history.plan_rewind(k, &only)?;
-        let steps = if opts.rewind_agent_state {
+    let done = std::cell::Cell::new(0);
+    let total = undos.steps.len() + steps.len();
+    let applied = undo_renames(fs, k, &undos).and_then(|()| {
+        done.set(undos.steps.len());
+        // Planned again from the tree the undos left: the same plan unless a writer
+        // changed the tree since it was checked, which is then checked again.
+        let steps = if undos.steps.is_empty() {
             steps
         } else {
-            keep_agent_state(steps, &only).0
+            let steps = history.plan_rewind(k, &only, &Undos::default())?;
+            let steps = if opts.rewind_agent_state {
+                steps
+            } else {
+                keep_agent_state(steps, &only).0
+            };
+            check_plan(
+                history,
+                id,
+                &steps,
+                fs.owner().is_some(),
+                &LiveTree(history),
+            )?;
+            steps
         };
-        check_plan(history, id, &steps, fs.owner().is_some())?;
-        steps
-    } else {
-        steps
-    };
-    let done = std::cell::Cell::new(0);
-    let applied = apply(fs, &steps, &mut |n, total| {
-        done.set(n);
-        progress(n, total);
+        apply(fs, &steps, &mut |n, _| {
+            done.set(undos.steps.len() + n);
+            progress(n, steps.len());
+        })?;
+        Ok(steps.len())
     });
-    if let Err(e) = applied {
-        // What was changed is recorded: the undo below needs it in the transcript too.
-        if let Err(f) = history.flush() {
-            log::error!("after a failed rewind, cannot flush the history: {f}");
-        }
-        log::error!("rewind to {id} failed after {} changes: {e}", done.get());
-        return Err(sys::context(
-            format!(
-                "the rewind to '{id}' failed after {} of {} changes, so the tree is partly \
+    let changed = match applied {
+        Ok(changed) => changed,
+        Err(e) => {
+            // What was changed is recorded: the undo below needs it in the transcript too.
+            if let Err(f) = history.flush() {
+                log::error!("after a failed rewind, cannot flush the history: {f}");
+            }
+            log::error!("rewind to {id} failed after {} changes: {e}", done.get());
+            return Err(sys::context(
+                format!(
+                    "the rewind to '{id}' failed after {} of {} changes, so the tree is partly \
                  rewound. `checkpointfs rewind {} {}` puts it back exactly as it was before \
                  this rewind. The failure",
-                done.get(),
-                steps.len(),
-                shell_word(&fs.mount_info().0.to_string_lossy()),
-                shell_word(&saved)
-            ),
-            e,
-        ));
-    }
+                    done.get(),
+                    total,
+                    shell_word(&fs.mount_info().0.to_string_lossy()),
+                    shell_word(&saved)
+                ),
+                e,
+            ));
+        }
+    };
     history.flush()?;
-    info!("rewound to {id}: {} changes", steps.len());
+    let renames = match undos.steps.len() {
+        0 => String::new(),
+        1 => " and 1 rename undone".to_string(),
+        n => format!(" and {n} renames undone"),
+    };
+    info!("rewound to {id}: {changed} changes{renames}");
     out.push_str(&format!(
-        "rewound to {id}: {} path{} changed\n",
-        steps.len(),
-        if steps.len() == 1 { "" } else { "s" }
+        "rewound to {id}: {changed} path{} changed{renames}\n",
+        if changed == 1 { "" } else { "s" }
     ));
     Ok(out)
 }
 
-/// Undoes the renames since checkpoint `k`, newest first, each as one rename through the
-/// mount's core (so recorded like any change): a plain rename `from` -> `to` by renaming
-/// `to` back to `from` (RENAME_NOREPLACE; exchanged with what is at `from` if something was
-/// made there since), an exchange by exchanging again. A rename whose `to` no longer holds what it moved (and, for an
-/// exchange, whose `from` no longer holds what came back) was undone, moved or removed
-/// since: skipped, with a log line, and left to the per-path pass. Returns how many were
-/// undone.
-fn undo_renames(fs: &PassthroughFs, k: usize) -> io::Result<usize> {
-    let history = fs.history();
-    let renames = history.renames_since(k);
+/// Does `undos` (see [`undo`]), in order, each as one rename through the mount's core (so
+/// recorded like any change): `to` back to `from`, with RENAME_NOREPLACE, or exchanged
+/// with what is at `from` (an exchange, or a plain rename whose `from` was made again
+/// since: `from` gets its content back, and what was made there moves to `to`, where the
+/// per-path pass removes or rewrites it like any later change). The directories above
+/// `from` that existed at k and are gone (removed by an earlier rewind, say) are made first.
+fn undo_renames(fs: &PassthroughFs, k: usize, undos: &Undos) -> io::Result<()> {
     let changer = Changer::new(fs);
-    let mut undone = 0;
-    for r in renames.iter().rev() {
-        let holds = |rel: &str, object: Option<(u64, u64)>| -> io::Result<bool> {
-            let (Some(object), Some(fd)) = (object, history.open_existing(rel)?) else {
-                return Ok(false);
-            };
-            let st = sys::fstat(fd.as_fd())?;
-            Ok((st.st_dev as u64, st.st_ino as u64) == object)
-        };
-        let in_place =
-            holds(&r.to, r.from_object)? && (!r.exchange || holds(&r.from, r.to_object)?);
-        if !in_place {
-            info!(
-                "rewind: not undoing the rename of {} to {}: what it moved is not there any \
-                 more (the per-path pass restores the content)",
-                quote_name(&r.from),
-                quote_name(&r.to)
-            );
-            continue;
-        }
-        // A plain rename whose `from` was made again since (`mv a b; mkdir a`) is undone
-        // by an exchange: `from` gets its content back, and what was made there moves to
-        // `to`, where the per-path pass removes or rewrites it like any later change.
-        let flags = if r.exchange || history.current_meta(&r.from)?.is_some() {
+    for u in &undos.steps {
+        changer.make_parents(&u.from, k)?;
+        let flags = if u.exchange {
             libc::RENAME_EXCHANGE
         } else {
             libc::RENAME_NOREPLACE
         };
-        // What the per-path pass would make anyway: the directories above `from` that
-        // existed at k and are gone (removed by an earlier rewind, say).
-        changer.make_parents(&r.from, k)?;
-        match changer.rename(&r.to, &r.from, flags) {
-            Ok(()) => undone += 1,
-            Err(e) if is_errno(&e, libc::EEXIST) || is_errno(&e, libc::ENOENT) => {
-                info!(
-                    "rewind: not undoing the rename of {} to {}: {e} (the per-path pass \
-                     restores the content)",
-                    quote_name(&r.from),
-                    quote_name(&r.to)
-                );
-            }
-            Err(e) => return Err(sys::context(quote_name(&r.to), e)),
-        }
+        changer
+            .rename(&u.to, &u.from, flags)
+            .map_err(|e| sys::context(format!("undoing: {}", describe_undo(u)), e))?;
     }
-    Ok(undone)
+    Ok(())
+}
+
+/// An undo as the rewind's report shows it.
+fn describe_undo(u: &Undo) -> String {
+    format!(
+        "{} {} -> {}",
+        if u.exchange { "exchange" } else { "rename  " },
+        quote_name(&u.to),
+        quote_name(&u.from)
+    )
 }
 
 /// Refuses, changing nothing, a plan that could not be carried out whole as far as can be
 /// known before its first change (see [`check`]).
 /// `for_owner`: the rewind runs as an `--owner`'s, so it restores nothing that needs a
 /// privilege beyond theirs.
-fn check_plan(history: &History, id: &str, steps: &[Step], for_owner: bool) -> io::Result<()> {
+/// `tree`: the tree the steps start from.
+fn check_plan(
+    history: &History,
+    id: &str,
+    steps: &[Step],
+    for_owner: bool,
+    tree: &impl check::Tree,
+) -> io::Result<()> {
     let mut problems = check::object_problems(steps, |name| history.store().verify(name));
     problems.extend(check::xattr_problems(
         steps,
         |name| history.xattrs_of(name),
         |p| !for_owner && sys::has_effective_cap(p.cap),
     ));
-    problems.extend(
-        check::tree_problems(steps, &LiveTree(history)).map_err(|e| {
-            sys::context(
-                format!(
-                    "cannot rewind to '{id}': checking the tree first failed (nothing was changed)"
-                ),
-                e,
-            )
-        })?,
-    );
+    problems.extend(check::tree_problems(steps, tree).map_err(|e| {
+        sys::context(
+            format!(
+                "cannot rewind to '{id}': checking the tree first failed (nothing was changed)"
+            ),
+            e,
+        )
+    })?);
     if problems.is_empty() {
         return Ok(());
     }
@@ -737,6 +764,57 @@ impl check::Tree for LiveTree<'_> {
             Verdict::Ignored { .. } => Some("ignored by a git rule".to_string()),
             _ => None,
         }
+    }
+}
+
+/// SRC as it is now, and checkpoint `k`, as [`undo::Undos`] reads them.
+struct SrcNow<'a> {
+    history: &'a History,
+    k: usize,
+}
+
+impl undo::LiveTree for SrcNow<'_> {
+    fn object(&self, rel: &str) -> io::Result<Option<(u64, u64)>> {
+        let Some(fd) = self.history.open_existing(rel)? else {
+            return Ok(None);
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        Ok(Some((st.st_dev as u64, st.st_ino as u64)))
+    }
+
+    fn kind(&self, rel: &str) -> io::Result<Option<EntryKind>> {
+        check::Tree::kind(&LiveTree(self.history), rel)
+    }
+
+    fn list(&self, rel: &str) -> io::Result<Vec<(Vec<u8>, bool)>> {
+        check::Tree::list(&LiveTree(self.history), rel)
+    }
+
+    fn at_checkpoint(&self, rel: &str) -> io::Result<Option<EntryKind>> {
+        Ok(self
+            .history
+            .view_entry(self.k, rel.as_bytes())?
+            .map(|e| e.meta.kind))
+    }
+}
+
+/// The tree as it will be once the undos are done, for [`check::tree_problems`].
+struct AfterUndos<'a> {
+    src: &'a SrcNow<'a>,
+    undos: &'a Undos,
+}
+
+impl check::Tree for AfterUndos<'_> {
+    fn list(&self, rel: &str) -> io::Result<Vec<(Vec<u8>, bool)>> {
+        self.undos.list(rel, self.src)
+    }
+
+    fn kind(&self, rel: &str) -> io::Result<Option<EntryKind>> {
+        self.undos.kind(rel, self.src)
+    }
+
+    fn untracked_why(&self, rel: &str, is_dir: bool) -> Option<String> {
+        LiveTree(self.src.history).untracked_why(rel, is_dir)
     }
 }
 

@@ -262,6 +262,13 @@ impl History {
             .map(|h| h.versions.iter().filter_map(|v| v.since).collect())
             .unwrap_or_default();
         let mut candidates = log.candidates_for(path, &made_at);
+        // Format 4: a rename of an ancestor moves content into or out of `path` with no
+        // record of `path` itself; the checkpoint it falls after lists that change.
+        candidates.extend(
+            self.ancestor_rename_seqs(path)
+                .into_iter()
+                .filter_map(|seq| log.position_before(seq)),
+        );
         // The latest checkpoint's changes run up to the live tree, which may differ anywhere.
         if log.len() > 0 {
             candidates.insert(log.len() - 1);

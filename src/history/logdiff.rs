@@ -635,6 +635,14 @@ impl LogIndex {
         }
     }
 
+    /// The position of the latest kept checkpoint recorded before seq `seq` (none: `seq`
+    /// comes before the oldest kept one).
+    pub fn position_before(&self, seq: u64) -> Option<usize> {
+        self.checkpoints
+            .partition_point(|c| c.seq < seq)
+            .checked_sub(1)
+    }
+
     /// Where the change of `path` listed under checkpoint `i` is compared: from the
     /// checkpoint to its session's next one when that session changed it, else to the
     /// tree's next one (see [`attribute`]).

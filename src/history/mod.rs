@@ -281,12 +281,25 @@ impl History {
         self.lock().kept().to_vec()
     }
 
-    /// The kept checkpoint with index `k`, if any.
     /// The renames after checkpoint `k`, oldest first (format 4; none before it).
     pub fn renames_since(&self, k: usize) -> Vec<renames::Rename> {
         self.lock().renames_since(k)
     }
 
+    /// The seqs of the renames of a proper ancestor of `path` (format 4), oldest first:
+    /// O(depth · (1 + those renames)) through the endpoint trie.
+    pub fn ancestor_rename_seqs(&self, path: &str) -> Vec<u64> {
+        let st = self.lock();
+        let mut seqs = Vec::new();
+        let mut after = None;
+        while let Some(r) = st.renames.first_ancestor_rename_after(path, after) {
+            seqs.push(r.seq);
+            after = Some(r.seq);
+        }
+        seqs
+    }
+
+    /// The kept checkpoint with index `k`, if any.
     pub fn checkpoint_at(&self, k: usize) -> Option<Checkpoint> {
         let st = self.lock();
         if k < st.first_kept {

@@ -16,11 +16,12 @@ use super::{Caller, History, rel_key};
 use crate::sys::{self, FsCredsGuard};
 use crate::transcript::record::{Record, RenameIntent, rfc3339};
 
-/// Whether this daemon records renames in format 4. Off until rewind, gc, diff and log read
-/// rename records too (issue 28; tests switch it on with `CHECKPOINTFS_FORMAT4=1`): a
-/// format-4 history that a rewind misreads would restore the wrong tree.
-pub(crate) fn format4_enabled() -> bool {
-    std::env::var_os("CHECKPOINTFS_FORMAT4").is_some_and(|v| v == "1")
+/// Whether this daemon records renames in the per-path form of formats 1-3 (a backup of
+/// every path below), instead of format 4's two records. Only for the tests that compare
+/// the two forms' answers (`CHECKPOINTFS_RENAMES_PER_PATH=1`): a state dir written so
+/// replays as format 3 did.
+pub(crate) fn renames_per_path_for_tests() -> bool {
+    std::env::var_os("CHECKPOINTFS_RENAMES_PER_PATH").is_some_and(|v| v == "1")
 }
 
 /// A rename recorded ahead of its syscall: its outcome is recorded by [`RenameRecord::settle`]

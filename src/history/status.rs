@@ -315,12 +315,23 @@ impl History {
         } else {
             quote_name(rel)
         };
-        let text = format!("{shown}: {}; {backup}", verdict_text(&verdict));
+        // Format 4: an excluded name where a rename moved tracked content is recorded (views
+        // of older checkpoints resolve to it) until gc drops that rename.
+        let moved_here = verdict.is_excluded() && self.lock().renames.moved_content_to(rel);
+        let why = match moved_here {
+            true => format!(
+                "{}, but tracked: a rename in the history moved tracked content here (until gc \
+                 drops it)",
+                verdict_text(&verdict)
+            ),
+            false => verdict_text(&verdict),
+        };
+        let text = format!("{shown}: {why}; {backup}");
         Ok(PathStatus {
             path: rel.to_string(),
             exists,
             is_dir,
-            tracked: !verdict.is_excluded(),
+            tracked: !verdict.is_excluded() || moved_here,
             reason: Reason::of(&verdict),
             versions,
             current_message,

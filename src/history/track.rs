@@ -278,7 +278,7 @@ impl History {
         };
         let from_is_dir = kind_of(from);
         let to_is_dir = if exchange { kind_of(to) } else { from_is_dir };
-        if super::rename::format4_enabled() {
+        if !super::rename::renames_per_path_for_tests() {
             return self.before_rename_v4(
                 caller,
                 (from.as_bytes(), to.as_bytes()),

@@ -166,6 +166,49 @@ fn an_untracked_file_in_a_directory_to_remove_is_refused_before_any_change() {
     assert!(!m.mnt.join("new").exists() && !m.mnt.join("raw").exists());
 }
 
+/// A whole-tree rewind undoes the renames since the checkpoint first (format 4), and the
+/// per-path plan is checked against the tree those undos leave before either starts: here
+/// the undo of `mv a b` (with `a` made again) moves the new `a`, which holds an excluded
+/// file, to `b`, which the plan must then remove. Refused with nothing changed: no rename
+/// undone, no checkpoint taken. Then `--dry-run` lists the undo, and once the file is out
+/// of the way the rewind gives the checkpoint's tree, byte for byte.
+#[test]
+fn a_refusal_after_undoing_renames_is_found_before_any_change() {
+    let mut m = TestMount::unmounted(&["--exclude", "*.log"]);
+    fs::create_dir(m.src.join("a")).unwrap();
+    fs::write(m.src.join("a/x.txt"), "x0\n").unwrap();
+    m.mount();
+    checkpoint(&m, "m1");
+    let at_m1 = tree_listing(&m.mnt);
+    common::sh(
+        &m,
+        "mv a b && mkdir a && echo junk > a/keep.log && echo x1 > b/x.txt",
+    );
+    let before = tree_listing(&m.src);
+    let ids = checkpoint_ids_by_name(&m);
+    for extra in [&[][..], &["--dry-run"]] {
+        let err = refused_rewind(&m, "m1", extra);
+        assert!(
+            err.contains("b: must be removed, but holds b/keep.log (excluded by '*.log')"),
+            "{err}"
+        );
+        assert!(err.contains("Nothing was changed"), "{err}");
+        assert_eq!(tree_listing(&m.src), before, "{extra:?}");
+        assert_eq!(checkpoint_ids_by_name(&m), ids);
+    }
+    fs::remove_file(m.mnt.join("a/keep.log")).unwrap();
+    let out = cli(&["rewind", m.mnt.to_str().unwrap(), "m1", "--dry-run"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("would exchange b -> a"),
+        "{}",
+        stdout(&out)
+    );
+    common::rewind(&m, "m1", &[]);
+    assert_eq!(tree_listing(&m.mnt), at_m1);
+    assert_eq!(tree_listing(&m.src), at_m1);
+}
+
 /// A failure that no check can rule out (the disk fills up after the first change): the
 /// rewind says it stopped part-way and what undoes it, and that undoes it exactly.
 #[test]

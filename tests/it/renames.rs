@@ -52,8 +52,8 @@ fn renames_by_mv_os_rename_and_exchange_are_viewed_and_rewound_byte_for_byte_in_
 
 fn renames_viewed_and_rewound(format4: bool) {
     let mut m = TestMount::unmounted(&[]);
-    if format4 {
-        m.set_env("CHECKPOINTFS_FORMAT4", "1");
+    if !format4 {
+        m.set_env("CHECKPOINTFS_RENAMES_PER_PATH", "1");
     }
     for dir in ["a/s", "e", "keep"] {
         fs::create_dir_all(m.src.join(dir)).unwrap();
@@ -128,8 +128,8 @@ fn renames_are_replayed_after_kill_9_mid_sequence_in_format_4() {
 
 fn renames_replayed_after_kill_9(format4: bool) {
     let mut m = TestMount::unmounted(&[]);
-    if format4 {
-        m.set_env("CHECKPOINTFS_FORMAT4", "1");
+    if !format4 {
+        m.set_env("CHECKPOINTFS_RENAMES_PER_PATH", "1");
     }
     fs::create_dir_all(m.src.join("a/s")).unwrap();
     fs::write(m.src.join("a/x"), "x0\n").unwrap();
@@ -163,7 +163,6 @@ fn a_rename_cut_between_intent_and_outcome_is_decided_from_src_at_replay() {
         fs::create_dir_all(m.src.join("a/s")).unwrap();
         fs::write(m.src.join("a/x"), "x0\n").unwrap();
         fs::write(m.src.join("a/s/y"), "y0\n").unwrap();
-        m.set_env("CHECKPOINTFS_FORMAT4", "1");
         m.set_env("CHECKPOINTFS_FAILPOINT", failpoint);
         m.mount();
         let before = tree_listing(&m.src);
@@ -207,8 +206,8 @@ fn diff_lists_the_names_a_rename_moved_in_both_formats() {
         fs::create_dir_all(m.src.join("a/s")).unwrap();
         fs::write(m.src.join("a/x"), "x0\n").unwrap();
         fs::write(m.src.join("a/s/y"), "y0\n").unwrap();
-        if format4 {
-            m.set_env("CHECKPOINTFS_FORMAT4", "1");
+        if !format4 {
+            m.set_env("CHECKPOINTFS_RENAMES_PER_PATH", "1");
         }
         m.mount();
         checkpoint(&m, "c0");
@@ -235,6 +234,67 @@ fn diff_lists_the_names_a_rename_moved_in_both_formats() {
         old.0.iter().any(|l| l.ends_with(" a/s/y")) && old.0.iter().any(|l| l.ends_with(" b/x")),
         "{old:?}"
     );
+}
+
+/// The checkpoints under which the daemon's path history (`checkpointfs ui`'s `H`, the
+/// `browse-path` request) lists a change of `path`, newest first, as "ID CHANGE".
+fn path_history(m: &TestMount, path: &str) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let socket = std::os::unix::net::UnixStream::connect(m.state.join("control.sock")).unwrap();
+    let request = serde_json::json!({"cmd": "browse-path", "path": path});
+    (&socket)
+        .write_all(format!("{request}\n").as_bytes())
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(&socket).read_line(&mut line).unwrap();
+    let response: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(response["ok"], true, "{response}");
+    let answer: serde_json::Value =
+        serde_json::from_str(response["output"].as_str().unwrap()).unwrap();
+    answer["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r["id"].as_str().unwrap(), r["change"]))
+        .collect()
+}
+
+/// A path's history lists the checkpoints where a rename of an ancestor moved content into
+/// or out of it, as it did when every name below a renamed directory had records of its
+/// own: format 4 records none of them, so the history finds those renames by endpoint.
+#[test]
+fn a_path_history_lists_what_an_ancestor_rename_moved_in_both_formats() {
+    let paths = ["d/x", "e/x", "d/s/y", "e/s/y", "s/y"];
+    let histories = |format4: bool| {
+        let mut m = TestMount::unmounted(&[]);
+        fs::create_dir_all(m.src.join("d/s")).unwrap();
+        fs::write(m.src.join("d/x"), "x0\n").unwrap();
+        fs::write(m.src.join("d/s/y"), "y0\n").unwrap();
+        if !format4 {
+            m.set_env("CHECKPOINTFS_RENAMES_PER_PATH", "1");
+        }
+        m.mount();
+        checkpoint(&m, "c0");
+        sh(&m, "mv d e");
+        checkpoint(&m, "c1");
+        sh(&m, "echo x1 > e/x");
+        checkpoint(&m, "c2");
+        sh(&m, "mv e/s s");
+        checkpoint(&m, "c3");
+        paths.map(|p| path_history(&m, p))
+    };
+    let (old, new) = (histories(false), histories(true));
+    assert_eq!(new, old, "format 4 against the per-path form");
+    let expected: [&[&str]; 5] = [
+        &["c0 \"deleted\""],
+        &["c1 \"modified\"", "c0 \"added\""],
+        &["c0 \"deleted\""],
+        &["c2 \"deleted\"", "c0 \"added\""],
+        &["c2 \"added\""],
+    ];
+    for ((path, got), want) in paths.iter().zip(&old).zip(expected) {
+        assert_eq!(got, want, "history of {path}");
+    }
 }
 
 /// A state dir whose `format` is newer than this daemon knows is refused at mount, naming
@@ -284,7 +344,6 @@ fn allocated(dir: &Path) -> u64 {
 fn renaming_a_20000_file_directory_ten_times_grows_the_state_dir_by_at_most_10_mb() {
     let mut m = TestMount::unmounted(&[]);
     // Format 4 (not yet the default: see docs/design.md, "Renames in O(1)").
-    m.set_env("CHECKPOINTFS_FORMAT4", "1");
     for d in 0..200 {
         let dir = m.src.join(format!("big/d{d:03}"));
         fs::create_dir_all(&dir).unwrap();
