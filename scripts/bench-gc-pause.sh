@@ -95,3 +95,5 @@ print(f"gc --keep 1: {took:.2f} s, dropped {len(rep['dropped'])} checkpoints, re
 print(f"during gc: {summary(during)}")
 PY
 "$BIN" umount "$MNT"
+# The daemon's own account: how long mutations were held, and the packs' rewrite after.
+grep -o 'gc: .*' "$W/state/daemon.log" || true

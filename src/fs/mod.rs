@@ -1339,9 +1339,9 @@ impl PassthroughFs {
         Ok(())
     }
 
-    /// Runs gc with every mutation and checkpoint excluded, as `History::gc` requires.
-    /// Mutations wait until it is done (it only rewrites the transcript and unlinks
-    /// objects, so that is short).
+    /// Runs gc with every mutation and checkpoint excluded until the transcript is compacted
+    /// and the unreferenced objects removed; the packs that held them are then rewritten
+    /// with mutations running (see `Quiesced::gc`).
     pub fn gc(
         &self,
         retention: crate::history::gc::Retention,

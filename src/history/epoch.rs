@@ -60,12 +60,23 @@ impl Quiesced<'_> {
 
     /// gc in the daemon, keeping memory and the on-disk transcript in step; the caller also
     /// holds the control maintenance lock. `progress(done, total)` follows the sweep.
+    /// Mutations are admitted again (this guard is consumed) before the packs that held
+    /// removed objects are rewritten: that copy is most of gc's IO, and needs no quiesce.
     pub fn gc(
-        &self,
+        self,
         retention: Retention,
         dry_run: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> io::Result<GcReport> {
-        self.history.gc_quiesced(retention, dry_run, progress)
+        let Quiesced {
+            _exclusive,
+            history,
+        } = self;
+        let (report, packs) = history.gc_quiesced(retention, dry_run, progress)?;
+        drop(_exclusive);
+        if let Some(packs) = packs {
+            packs.finish()?;
+        }
+        Ok(report)
     }
 }

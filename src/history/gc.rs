@@ -36,10 +36,13 @@
 //!
 //! # Locks
 //! In the daemon, gc runs as a method of [`super::Quiesced`]: with the epoch lock held
-//! exclusively (no mutation, so no Layer 1 capture, and no checkpoint) and with the control server's maintenance lock (no
-//! rewind, log or diff meanwhile), then takes `History::state` for the rest: from the moment
-//! no fill is in flight (`busy` empty) until the sweep is done, nothing can put an object into
-//! the store, so a put can never "reuse" an object the sweep is deleting.
+//! exclusively (no mutation, so no Layer 1 capture, and no checkpoint) and with the control
+//! server's maintenance lock (no rewind, log or diff meanwhile), then takes `History::state`
+//! for the rest: from the moment no fill is in flight (`busy` empty) until the unreferenced
+//! objects are removed, nothing can put an object into the store, so a put can never
+//! "reuse" an object the sweep is deleting. Then mutations run again while the packs that
+//! held removed objects are rewritten without them ([`Store::compact`]: no entry of a pack
+//! being rewritten is removed or added meanwhile), still under the maintenance lock.
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::Path;
@@ -374,9 +377,16 @@ impl Sweep {
         Ok(sweep)
     }
 
-    /// Deletes the doomed objects, then fsyncs the store directory. `progress(done, total)`
-    /// is called as it goes.
+    /// Deletes the doomed objects ([`Sweep::remove`]), then gives back the space of the
+    /// packed ones ([`compact_packs`]).
     fn run(&self, store: &Store, progress: &mut dyn FnMut(usize, usize)) -> io::Result<()> {
+        self.remove(store, progress)?;
+        compact_packs(store)
+    }
+
+    /// Deletes the doomed objects: unlinks a file, drops a packed one from its pack's index
+    /// (its bytes stay until [`compact_packs`]). `progress(done, total)` is called as it goes.
+    fn remove(&self, store: &Store, progress: &mut dyn FnMut(usize, usize)) -> io::Result<()> {
         let total = self.doomed.len();
         for (i, (name, _)) in self.doomed.iter().enumerate() {
             match store.remove(name) {
@@ -394,17 +404,7 @@ impl Sweep {
             }
             progress(i + 1, total);
         }
-        // Small objects are removed from their packs here, by rewriting those packs.
-        store.compact().map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "gc: rewriting the store's packs: {e} (the transcript is already \
-                     compacted; run gc again to reclaim the space)"
-                ),
-            )
-        })?;
-        store.sync()
+        Ok(())
     }
 
     fn report(&self, plan: &Plan, dry_run: bool, before: u64, after: u64) -> GcReport {
@@ -420,6 +420,39 @@ impl Sweep {
             transcript_bytes_before: before,
             transcript_bytes_after: after,
         }
+    }
+}
+
+/// gc's last step: the packs that held removed objects are rewritten without them, then the
+/// store directory is fsync'd. Puts and reads may run meanwhile ([`Store::compact`]).
+fn compact_packs(store: &Store) -> io::Result<()> {
+    store.compact().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "gc: rewriting the store's packs: {e} (the transcript is already compacted \
+                 and the objects removed; run gc again to reclaim the space)"
+            ),
+        )
+    })?;
+    store.sync()
+}
+
+/// The part of a daemon's gc that runs after mutations are admitted again: see
+/// [`History::gc_quiesced`].
+#[must_use = "the packs' space is given back only by `finish`"]
+pub(super) struct PacksToCompact<'h> {
+    store: &'h Store,
+}
+
+impl PacksToCompact<'_> {
+    /// Rewrites the packs that held the removed objects (the bulk of gc's IO), with
+    /// mutations running.
+    pub fn finish(self) -> io::Result<()> {
+        let started = std::time::Instant::now();
+        compact_packs(self.store)?;
+        info!("gc: packs compacted in {:?}", started.elapsed());
+        Ok(())
     }
 }
 
@@ -486,18 +519,23 @@ pub fn failpoint(name: &str) {
 }
 
 impl History {
-    /// gc in the daemon, for [`super::Quiesced::gc`] (every mutation excluded).
+    /// gc in the daemon, for [`super::Quiesced::gc`] (every mutation excluded): the
+    /// transcript compacted, memory swapped to it, the unreferenced objects removed. What is
+    /// left, the rewrite of the packs that held removed objects, is returned, for the caller
+    /// to run once mutations are admitted again: the pause of mutations is the transcript's
+    /// compaction and one removal per object, not the copying of the packs' live entries.
     pub(super) fn gc_quiesced(
         &self,
         retention: Retention,
         dry_run: bool,
         progress: &mut dyn FnMut(usize, usize),
-    ) -> io::Result<GcReport> {
+    ) -> io::Result<(GcReport, Option<PacksToCompact<'_>>)> {
         let rec = self.recorder()?;
         // Mutations are excluded (quiesced) and fills paused, so nothing but gc changes the
         // history until `_paused` goes: the IO below runs with `state` unlocked, and views
         // go on reading the old state until `adopt` swaps in the new one.
         let _paused = PausedFills::new(self);
+        let started = std::time::Instant::now();
         // Makes the fills that finished before the pause part of the transcript.
         rec.transcript.flush()?;
         let path = rec.transcript.path().to_path_buf();
@@ -509,8 +547,9 @@ impl History {
         let sweep = Sweep::of(&self.store, &referenced_objects(&plan.records))?;
         let report = sweep.report(&plan, dry_run, before, after);
         if dry_run {
-            return Ok(report);
+            return Ok((report, None));
         }
+        let planned = started.elapsed();
         let _reserve = ReserveReleased::new(&self.state_dir, &path)?;
         if plan.drop > 0 {
             let old_file = file_id(&path)?;
@@ -534,14 +573,22 @@ impl History {
             }
         }
         failpoint("gc-after-rename");
-        sweep.run(&self.store, progress)?;
+        let rewritten = started.elapsed();
+        // With every mutation excluded and no fill running, so that no put can name an
+        // object the removal is deleting (a put after it stores the content again).
+        sweep.remove(&self.store, progress)?;
         info!(
-            "gc: dropped {} checkpoints, removed {} objects ({} bytes)",
+            "gc: dropped {} checkpoints, removed {} objects ({} bytes); mutations held for \
+             {:?} (read and plan {planned:?}, transcript rewritten and adopted {:?}, objects \
+             removed {:?})",
             report.dropped.len(),
             report.objects_removed,
-            report.bytes_freed
+            report.bytes_freed,
+            started.elapsed(),
+            rewritten - planned,
+            started.elapsed() - rewritten,
         );
-        Ok(report)
+        Ok((report, Some(PacksToCompact { store: &self.store })))
     }
 }
 

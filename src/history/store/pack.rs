@@ -126,6 +126,9 @@ struct Index {
     /// Objects whose entry failed verification and was dropped, while no good copy is
     /// indexed: a read of one is EIO (the history still names it), never "no such object".
     damaged: HashSet<[u8; 32]>,
+    /// The pack [`Packs::compact`] is rewriting: no appender opens it meanwhile, so its
+    /// entries are exactly those the compaction copies.
+    compacting: Option<u32>,
 }
 
 impl Index {
@@ -651,12 +654,13 @@ impl Packs {
     /// room (its torn tail cut away, invariant 2), else a new one. Returns whether a pack
     /// was created.
     fn start_appending(&self, dir: &File) -> io::Result<(Appender, bool)> {
-        let last = {
+        let (last, compacting) = {
             self.walk_new(dir)?;
             let index = lock(&self.index);
-            index.walked.iter().next_back().map(|(p, e)| (*p, *e))
+            let last = index.walked.iter().next_back().map(|(p, e)| (*p, *e));
+            (last, index.compacting)
         };
-        if let Some((pack, _)) = last {
+        if let Some((pack, _)) = last.filter(|(p, _)| Some(*p) != compacting) {
             match open_pack(dir, pack, libc::O_RDWR) {
                 Ok(file) => {
                     if file.try_lock().is_ok() {
@@ -764,97 +768,124 @@ impl Packs {
     /// Rewrites every pack that has removed entries without them (invariant 5), through a
     /// locked temp file of the store that is renamed to a new pack name. Returns the bytes
     /// given back.
+    ///
+    /// Puts and reads go on meanwhile (gc runs it after mutations are admitted again): no
+    /// lock is held across its IO. A pack being rewritten gets no appends (the appender
+    /// leaves it, and none reopens it while `compacting` names it), and no entry of it is
+    /// removed (only gc removes, before it compacts), so its indexed entries are exactly
+    /// the ones copied; a put of content it holds meanwhile finds the old entry, which
+    /// stays readable until the index points to the copy. The caller runs one compaction
+    /// at a time (gc holds the control maintenance lock).
     pub(super) fn compact(&self, store: &super::Store) -> io::Result<u64> {
-        let dir = &store.dir_fd;
-        let mut append = lock(&self.append);
         let holed = std::mem::take(&mut lock(&self.index).holed);
         let mut freed = 0u64;
-        for pack in holed {
-            if append.as_ref().is_some_and(|a| a.pack == pack) {
-                // Stop appending there; the next put starts a new pack.
-                if let Some(a) = append.take() {
-                    crate::state::durability::sync_file(&a.file, true)?;
-                }
-            }
-            let old = match open_pack(dir, pack, libc::O_RDONLY) {
-                Ok(f) => f,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
-                Err(e) => return Err(e),
-            };
-            let old_size = old.metadata()?.len();
-            let live: Vec<([u8; 32], Place)> = lock(&self.index)
-                .objects
-                .iter()
-                .filter(|(_, p)| p.pack == pack)
-                .map(|(d, p)| (*d, *p))
-                .collect();
-            let mut moved = Vec::with_capacity(live.len());
-            let mut kept = 0u64;
-            let mut temp = None;
-            if !live.is_empty() {
-                let t = store.create_temp()?;
-                for (digest, place) in &live {
-                    let mut data = vec![0u8; place.len as usize];
-                    let n = read_full_at(&old, &mut data, place.offset)?;
-                    if n != data.len() || Sha256::digest(&data).as_slice() != digest {
-                        log::warn!(
-                            "store: gc drops damaged pack entry {}",
-                            hex::encode_string(digest)
-                        );
-                        continue;
-                    }
-                    write_all_at(&t.file, &entry_bytes(digest, &data), kept)?;
-                    moved.push((*digest, kept + HEADER as u64, place.len));
-                    kept += (HEADER + data.len()) as u64;
-                }
-                crate::state::durability::sync_file(&t.file, true)?;
-                temp = Some(t);
-            }
-            // The new pack's name is made durable before the old pack goes, and with the
-            // index unlocked (readers keep using the old pack until the switch below).
-            let mut number = None;
-            if let Some(mut t) = temp {
-                let mut n = lock(&self.index)
-                    .walked
-                    .keys()
-                    .next_back()
-                    .map_or(1, |n| n + 1);
-                loop {
-                    match super::rename_noreplace(dir, &t.name, &pack_name(n)) {
-                        Ok(()) => break,
-                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => n += 1,
-                        Err(e) => return Err(e),
-                    }
-                }
-                t.linked = false;
-                crate::state::durability::sync_file(dir, false)?;
-                number = Some(n);
-            }
+        let mut holed = holed.into_iter();
+        while let Some(pack) = holed.next() {
+            let rewritten = self.compact_pack(store, pack);
             let mut index = lock(&self.index);
-            index.objects.retain(|_, p| p.pack != pack);
-            if let Some(number) = number {
-                for (digest, offset, len) in moved {
-                    let place = Place {
-                        pack: number,
-                        offset,
-                        len,
-                        verified: true,
-                    };
-                    index.objects.insert(digest, place);
+            index.compacting = None;
+            match rewritten {
+                Ok(n) => freed += n,
+                Err(e) => {
+                    // Left for the next compaction.
+                    index.holed.insert(pack);
+                    index.holed.extend(holed);
+                    return Err(e);
                 }
-                index.walked.insert(number, kept);
             }
-            index.walked.remove(&pack);
-            drop(index);
-            unlink_at(dir, &pack_name(pack))?;
-            match unlink_at(dir, &idx_name(pack)) {
-                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
-                _ => {}
-            }
-            crate::state::durability::sync_file(dir, false)?;
-            freed += old_size.saturating_sub(kept);
         }
         Ok(freed)
+    }
+
+    /// [`Packs::compact`] of one pack; returns the bytes given back.
+    fn compact_pack(&self, store: &super::Store, pack: u32) -> io::Result<u64> {
+        let dir = &store.dir_fd;
+        let left = {
+            let mut append = lock(&self.append);
+            lock(&self.index).compacting = Some(pack);
+            // Stop appending there; the next put starts a new pack.
+            append.take_if(|a| a.pack == pack)
+        };
+        if let Some(a) = left {
+            crate::state::durability::sync_file(&a.file, true)?;
+        }
+        let old = match open_pack(dir, pack, libc::O_RDONLY) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let old_size = old.metadata()?.len();
+        let live: Vec<([u8; 32], Place)> = lock(&self.index)
+            .objects
+            .iter()
+            .filter(|(_, p)| p.pack == pack)
+            .map(|(d, p)| (*d, *p))
+            .collect();
+        let mut moved = Vec::with_capacity(live.len());
+        let mut kept = 0u64;
+        let mut temp = None;
+        if !live.is_empty() {
+            let t = store.create_temp()?;
+            for (digest, place) in &live {
+                let mut data = vec![0u8; place.len as usize];
+                let n = read_full_at(&old, &mut data, place.offset)?;
+                if n != data.len() || Sha256::digest(&data).as_slice() != digest {
+                    log::warn!(
+                        "store: gc drops damaged pack entry {}",
+                        hex::encode_string(digest)
+                    );
+                    continue;
+                }
+                write_all_at(&t.file, &entry_bytes(digest, &data), kept)?;
+                moved.push((*digest, kept + HEADER as u64, place.len));
+                kept += (HEADER + data.len()) as u64;
+            }
+            crate::state::durability::sync_file(&t.file, true)?;
+            temp = Some(t);
+        }
+        // The new pack's name is made durable before the old pack goes, and with the
+        // index unlocked (readers keep using the old pack until the switch below).
+        let mut number = None;
+        if let Some(mut t) = temp {
+            let mut n = lock(&self.index)
+                .walked
+                .keys()
+                .next_back()
+                .map_or(1, |n| n + 1);
+            loop {
+                match super::rename_noreplace(dir, &t.name, &pack_name(n)) {
+                    Ok(()) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => n += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+            t.linked = false;
+            crate::state::durability::sync_file(dir, false)?;
+            number = Some(n);
+        }
+        let mut index = lock(&self.index);
+        index.objects.retain(|_, p| p.pack != pack);
+        if let Some(number) = number {
+            for (digest, offset, len) in moved {
+                let place = Place {
+                    pack: number,
+                    offset,
+                    len,
+                    verified: true,
+                };
+                index.objects.insert(digest, place);
+            }
+            index.walked.insert(number, kept);
+        }
+        index.walked.remove(&pack);
+        drop(index);
+        unlink_at(dir, &pack_name(pack))?;
+        match unlink_at(dir, &idx_name(pack)) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+            _ => {}
+        }
+        crate::state::durability::sync_file(dir, false)?;
+        Ok(old_size.saturating_sub(kept))
     }
 }
 
@@ -1109,6 +1140,102 @@ mod tests {
         want.sort();
         assert_eq!(reopened.list().expect("list"), want);
         assert_eq!(reopened.read_object(&more.name).expect("read"), b"after gc");
+    }
+
+    /// gc compacts with mutations running: puts of new content, of content the pack being
+    /// rewritten holds, and of content just removed, and reads, all during the compaction.
+    /// Nothing is lost, each content is readable, and a new store sees exactly the kept,
+    /// the new and the stored-again objects.
+    #[test]
+    fn puts_and_reads_during_a_compaction_lose_nothing() {
+        // The daemon's two policies: Batched keeps a full pack's file (and its lock) until
+        // the batch syncs it, Caller does not.
+        for policy in [SyncPolicy::Batched, SyncPolicy::Caller] {
+            puts_and_reads_during_a_compaction(policy);
+        }
+    }
+
+    fn puts_and_reads_during_a_compaction(policy: SyncPolicy) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("backups");
+        let store = Store::open_with(&dir, policy).expect("open");
+        let content = |kind: &str, i: usize| format!("{kind} {i} {}", "z".repeat(900)).into_bytes();
+        let put_all = |kind: &str| -> Vec<String> {
+            (0..1500)
+                .map(|i| store.put_bytes(&content(kind, i)).expect("put").name)
+                .collect()
+        };
+        let keep = put_all("keep");
+        let doomed = put_all("doomed");
+        for name in &doomed {
+            store.remove(name).expect("remove");
+        }
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (mut added, mut again) = (Vec::new(), Vec::new());
+        std::thread::scope(|s| {
+            let compaction = s.spawn(|| {
+                let freed = store.compact().expect("compact");
+                done.store(true, std::sync::atomic::Ordering::Release);
+                freed
+            });
+            let (store, done, keep) = (&store, &done, &keep);
+            let writer = s.spawn(move || {
+                let (mut added, mut again) = (Vec::new(), Vec::new());
+                let mut i = 0;
+                while !done.load(std::sync::atomic::Ordering::Acquire) || i < 200 {
+                    added.push(store.put_bytes(&content("new", i)).expect("put").name);
+                    assert_eq!(
+                        store
+                            .put_bytes(&content("keep", i % 1500))
+                            .expect("put")
+                            .name,
+                        keep[i % 1500]
+                    );
+                    if i < 1500 {
+                        again.push((i, store.put_bytes(&content("doomed", i)).expect("put").name));
+                    }
+                    i += 1;
+                }
+                (added, again)
+            });
+            let reader = s.spawn(move || {
+                let mut i = 0;
+                while !done.load(std::sync::atomic::Ordering::Acquire) || i < 200 {
+                    let k = (i * 7) % 1500;
+                    assert_eq!(
+                        store.read_object(&keep[k]).expect("read"),
+                        content("keep", k)
+                    );
+                    i += 1;
+                }
+            });
+            let freed = compaction.join().expect("compaction");
+            assert!(freed >= 1000 * 900, "freed only {freed} bytes");
+            (added, again) = writer.join().expect("writer");
+            reader.join().expect("reader");
+        });
+        store.sync().expect("sync");
+        let reopened = Store::open(&dir).expect("reopen");
+        for (i, name) in keep.iter().enumerate() {
+            assert_eq!(
+                reopened.read_object(name).expect("read"),
+                content("keep", i)
+            );
+        }
+        for (i, name) in added.iter().enumerate() {
+            assert_eq!(reopened.read_object(name).expect("read"), content("new", i));
+        }
+        for (i, name) in &again {
+            assert_eq!(
+                reopened.read_object(name).expect("read"),
+                content("doomed", *i)
+            );
+        }
+        let mut want: Vec<String> = keep.iter().chain(&added).cloned().collect();
+        want.extend(again.iter().map(|(_, n)| n.clone()));
+        want.sort();
+        want.dedup();
+        assert_eq!(reopened.list().expect("list"), want);
     }
 
     #[test]
