@@ -1339,16 +1339,16 @@ impl PassthroughFs {
         Ok(())
     }
 
-    /// Runs gc with every mutation and checkpoint excluded until the transcript is compacted
-    /// and the unreferenced objects removed; the packs that held them are then rewritten
-    /// with mutations running (see `Quiesced::gc`).
+    /// Runs gc: planned with mutations running, then every mutation and checkpoint excluded
+    /// until the transcript is compacted and the unreferenced objects removed; the packs
+    /// that held them are rewritten with mutations running again (see `History::gc`).
     pub fn gc(
         &self,
         retention: crate::history::gc::Retention,
         dry_run: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> io::Result<crate::history::gc::GcReport> {
-        self.history().quiesce().gc(retention, dry_run, progress)
+        self.history().gc(retention, dry_run, progress)
     }
 }
 

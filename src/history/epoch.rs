@@ -11,7 +11,7 @@ use std::io;
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use super::History;
-use super::gc::{GcReport, Retention};
+use super::gc::{GcPlanned, GcReport, Retention};
 use super::open_files::PreCopies;
 
 /// Held by a mutation (the gate's permits) while its backup and syscall run.
@@ -43,6 +43,20 @@ impl History {
     }
 }
 
+impl History {
+    /// gc in the daemon (the caller holds the control maintenance lock): planned with
+    /// mutations running, then done with them excluded (see [`Quiesced::gc`]).
+    pub fn gc(
+        &self,
+        retention: Retention,
+        dry_run: bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> io::Result<GcReport> {
+        let planned = self.gc_plan(retention)?;
+        self.quiesce().gc(planned, dry_run, progress)
+    }
+}
+
 impl Quiesced<'_> {
     /// Layer 2: takes checkpoint `id` for agent session `session` (`None`: outside any).
     /// `open_for_write`: the paths of files open for writing now; `pre_copies`: their copies
@@ -58,13 +72,14 @@ impl Quiesced<'_> {
             .record_checkpoint(id, session, open_for_write, pre_copies)
     }
 
-    /// gc in the daemon, keeping memory and the on-disk transcript in step; the caller also
-    /// holds the control maintenance lock. `progress(done, total)` follows the sweep.
+    /// gc in the daemon, keeping memory and the on-disk transcript in step, from `planned`
+    /// ([`History::gc`]); the caller also holds the control maintenance lock.
+    /// `progress(done, total)` follows the sweep.
     /// Mutations are admitted again (this guard is consumed) before the packs that held
     /// removed objects are rewritten: that copy is most of gc's IO, and needs no quiesce.
-    pub fn gc(
+    pub(super) fn gc(
         self,
-        retention: Retention,
+        planned: GcPlanned,
         dry_run: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> io::Result<GcReport> {
@@ -72,7 +87,7 @@ impl Quiesced<'_> {
             _exclusive,
             history,
         } = self;
-        let (report, packs) = history.gc_quiesced(retention, dry_run, progress)?;
+        let (report, packs) = history.gc_quiesced(planned, dry_run, progress)?;
         drop(_exclusive);
         if let Some(packs) = packs {
             packs.finish()?;
