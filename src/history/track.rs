@@ -17,7 +17,7 @@ use super::store::{LinkPut, LinkedObject};
 use super::{Caller, History, State, Version, VersionState, rel_key};
 use crate::state::durability::{self, Durability};
 use crate::sys::{self, FsCredsGuard, errno};
-use crate::transcript::record::{Actor, EntryKind, EntryMeta, Record, rfc3339};
+use crate::transcript::record::{Actor, EntryKind, EntryMeta, LinkMeta, Record, rfc3339};
 
 pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
     let kind = match st.st_mode & libc::S_IFMT {
@@ -45,6 +45,18 @@ pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
         mtime_nsec: st.st_mtime_nsec as u32,
         rdev: is_dev.then_some(st.st_rdev),
         xattrs: None,
+        link: link_of(st, kind),
+    })
+}
+
+/// [`EntryMeta::link`] of an object: recorded for a regular file with more than one link,
+/// in format 4 only (older daemons never see the field).
+fn link_of(st: &libc::stat, kind: EntryKind) -> Option<LinkMeta> {
+    let linked = kind == EntryKind::File && st.st_nlink > 1 && super::rename::format4_enabled();
+    linked.then_some(LinkMeta {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        nlink: st.st_nlink,
     })
 }
 
