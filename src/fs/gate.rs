@@ -164,14 +164,23 @@ impl Gate {
         }
         // The backup reads the object through its own fd: every name leads to it.
         let fd = inode.fd()?;
-        for rel in paths {
+        for rel in &paths {
             debug!(
                 "gate: {} modifies {:?}",
                 caller,
-                String::from_utf8_lossy(&rel)
+                String::from_utf8_lossy(rel)
             );
+        }
+        let is_dir = Some(inode.is_dir());
+        if let [rel] = paths.as_slice() {
             self.history
-                .before_object_change(caller, &rel, fd.as_fd(), Some(inode.is_dir()))?;
+                .before_object_change(caller, rel, fd.as_fd(), is_dir)?;
+        } else {
+            // A hard link: one capture serves every name.
+            self.history
+                .before_linked_object_change(caller, &paths, fd.as_fd(), is_dir)?;
+        }
+        for rel in paths {
             self.note_rules_dependency(&mut admission.rules_touched, rel, false);
         }
         Ok(())
