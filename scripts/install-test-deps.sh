@@ -30,7 +30,7 @@ say "checking test prerequisites on $(uname -r), $(nproc) cores, $(. /etc/os-rel
 declare -A PKG_CMD=(
     [fio]=fio [btrfs-progs]=mkfs.btrfs [xfsprogs]=mkfs.xfs [fuse3]=fusermount3
     [jq]=jq [git]=git [python3]=python3 [e2fsprogs]=mkfs.ext4 [man-db]=man [tmux]=tmux
-    [attr]=setfattr [acl]=setfacl [libcap2-bin]=setcap
+    [attr]=setfattr [acl]=setfacl [libcap2-bin]=setcap [linux-perf]=perf
 )
 missing=()
 for p in "${!PKG_CMD[@]}"; do
@@ -40,7 +40,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     say "installing Debian packages (missing: ${missing[*]})"
     apt-get update -q || say "warning: apt-get update failed"
     apt-get install -y -q fio btrfs-progs xfsprogs fuse3 jq git python3 e2fsprogs man-db tmux \
-        attr acl libcap2-bin \
+        attr acl libcap2-bin linux-perf \
         || say "warning: apt-get install failed"
     for p in "${!PKG_CMD[@]}"; do
         command -v "${PKG_CMD[$p]}" >/dev/null 2>&1 \

@@ -6,6 +6,7 @@
 //! the kernel is told what changed. Paths are resolved by lookups from the root inode, which
 //! never follow a symlink, so a rewind cannot be led out of the tree by a symlink planted in
 //! it.
+use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
@@ -15,14 +16,14 @@ use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileType, TimeOrNow};
-use log::info;
+use log::{info, warn};
 
 use crate::fs::inodes::ROOT_INO;
 use crate::fs::virt::file_type_of;
 use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
 use crate::history::quote::{quote_bytes, quote_name};
-use crate::history::{CONTROL_DIR_NAME, Caller, ViewEntry, split_parent};
+use crate::history::{CONTROL_DIR_NAME, Caller, ViewContent, ViewEntry, split_parent};
 use crate::history::{History, agent_state, xattrs};
 use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::EntryKind;
@@ -984,12 +985,29 @@ fn apply(
         .collect();
     writes.sort_by(|a, b| a.path().cmp(b.path()));
     let mut dirs_meta: Vec<(&str, &ViewEntry)> = Vec::new();
+    // Names recorded as one hard-linked file (format 4, `EntryMeta::link`): the first
+    // restored is written, the others are linked to it.
+    let mut linked: HashMap<LinkGroup, &str> = HashMap::new();
     for s in writes {
         match s {
             Step::Create { path, target } | Step::Rewrite { path, target } => {
-                changer
-                    .write_entry(path, target, matches!(s, Step::Create { .. }))
-                    .map_err(|e| at(path, e))?;
+                let create = matches!(s, Step::Create { .. });
+                let group = link_group(target);
+                let first = group.as_ref().and_then(|g| linked.get(g).copied());
+                let made_link = match first {
+                    Some(first) => changer
+                        .link(first, path, !create)
+                        .map_err(|e| at(path, e))?,
+                    None => false,
+                };
+                if !made_link {
+                    changer
+                        .write_entry(path, target, create)
+                        .map_err(|e| at(path, e))?;
+                    if let Some(g) = group {
+                        linked.entry(g).or_insert(path.as_str());
+                    }
+                }
                 if target.meta.kind == EntryKind::Dir {
                     dirs_meta.push((path, target));
                 } else {
@@ -1014,6 +1032,21 @@ fn apply(
         changer.set_meta(path, target).map_err(|e| at(path, e))?;
     }
     Ok(())
+}
+
+/// What makes restored names one file again: the object they were (`st_dev`, `st_ino`)
+/// and the content they had, as their versions recorded it.
+type LinkGroup = (u64, u64, String);
+
+/// The link group of a regular file's target, if it was recorded as hard-linked.
+fn link_group(target: &ViewEntry) -> Option<LinkGroup> {
+    let link = target.meta.link?;
+    match (&target.meta.kind, &target.content) {
+        (EntryKind::File, ViewContent::Object(object)) => {
+            Some((link.dev, link.ino, object.clone()))
+        }
+        _ => None,
+    }
 }
 
 /// Makes a rewind's changes in the daemon itself, through the passthrough core's own
@@ -1218,6 +1251,49 @@ impl<'a> Changer<'a> {
         result
     }
 
+    /// Makes `rel` a hard link to `existing` (restored just before it), replacing what is
+    /// at `rel` when `replace`. Returns false, having changed nothing, when the link cannot
+    /// be made (EMLINK, EXDEV, EPERM under protected_hardlinks...): the caller writes the
+    /// file instead, with the same content, as a file of its own.
+    fn link(&self, existing: &str, rel: &str, replace: bool) -> io::Result<bool> {
+        let mut looked = self.looked();
+        let (existing_parent, existing_name) = self.parent(existing, &mut looked)?;
+        let found = self.as_caller(|| self.fs.lookup(existing_parent, existing_name))?;
+        let ino = looked.keep(&found);
+        let (parent, name) = self.parent(rel, &mut looked)?;
+        if replace {
+            match self.as_caller(|| self.fs.unlink(&self.caller, parent, name)) {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+            self.tell_kernel_entry(parent, name);
+        }
+        match self.as_caller(|| self.fs.link(&self.caller, ino, parent, name)) {
+            Ok(entry) => {
+                looked.keep(&entry);
+                self.tell_kernel_entry(parent, name);
+                // Its link count changed.
+                self.fs.kernel_forget_inode(ino, true);
+                Ok(true)
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMLINK | libc::EXDEV | libc::EPERM)
+                ) =>
+            {
+                warn!(
+                    "rewind: {} restored as a file of its own, not as a link to {}: {e}",
+                    quote_name(rel),
+                    quote_name(existing)
+                );
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn write_entry(&self, rel: &str, target: &ViewEntry, create: bool) -> io::Result<()> {
         let mut looked = self.looked();
         let (parent, name) = self.parent(rel, &mut looked)?;
@@ -1233,7 +1309,10 @@ impl<'a> Changer<'a> {
                     Err(e) => Err(e),
                 }
             }
-            EntryKind::File => self.write_file(parent, name, target, &mut looked),
+            EntryKind::File => {
+                self.unshare(parent, name, create, &mut looked)?;
+                self.write_file(parent, name, target, &mut looked)
+            }
             EntryKind::Symlink => {
                 let link_target = self.history.view_symlink_target(target)?;
                 self.as_caller(|| {
@@ -1280,6 +1359,34 @@ impl<'a> Changer<'a> {
         };
         self.tell_kernel_entry(parent, name);
         result
+    }
+
+    /// Before a file is rewritten in place: if `name` in `parent` is one of several links
+    /// of a file, unlink it, so that the rewrite changes this name only (writing through it
+    /// would change the other names too, which the plan restores on their own).
+    fn unshare(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        create: bool,
+        looked: &mut Looked<'_>,
+    ) -> io::Result<()> {
+        if create {
+            return Ok(());
+        }
+        let found = match self.as_caller(|| self.fs.lookup(parent, name)) {
+            Ok(found) => found,
+            Err(e) if is_errno(&e, libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        looked.keep(&found);
+        if found.attr.kind != FileType::RegularFile || found.attr.nlink <= 1 {
+            return Ok(());
+        }
+        self.as_caller(|| self.fs.unlink(&self.caller, parent, name))?;
+        self.tell_kernel_entry(parent, name);
+        self.fs.kernel_forget_inode(found.attr.ino.0, true);
+        Ok(())
     }
 
     /// Creates (or truncates) `name` in `parent` and writes the target's content into it,
@@ -1446,6 +1553,44 @@ impl<'a> Changer<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_stored_regular_files_recorded_as_linked_have_a_link_group() {
+        use crate::transcript::record::{EntryMeta, LinkMeta};
+        let entry = |kind, link, content| ViewEntry {
+            meta: EntryMeta {
+                kind,
+                link,
+                ..crate::transcript::testutil::dir_meta()
+            },
+            content,
+        };
+        let link = Some(LinkMeta {
+            dev: 7,
+            ino: 42,
+            nlink: 2,
+        });
+        let object = || ViewContent::Object("ab".repeat(32));
+        assert_eq!(
+            link_group(&entry(EntryKind::File, link, object())),
+            Some((7, 42, "ab".repeat(32)))
+        );
+        // Same object, other content: another group.
+        assert_ne!(
+            link_group(&entry(EntryKind::File, link, object())),
+            link_group(&entry(
+                EntryKind::File,
+                link,
+                ViewContent::Object("cd".repeat(32))
+            ))
+        );
+        assert_eq!(link_group(&entry(EntryKind::File, None, object())), None);
+        assert_eq!(link_group(&entry(EntryKind::Symlink, link, object())), None);
+        assert_eq!(
+            link_group(&entry(EntryKind::File, link, ViewContent::Live("a".into()))),
+            None
+        );
+    }
 
     #[test]
     fn suggested_commands_are_shell_words() {

@@ -145,19 +145,60 @@ impl Gate {
         inode: &'g Inode,
     ) -> io::Result<ObjectPermit<'g>> {
         let mut admission = self.admit();
-        if let Some(rel) = self.rel_path_of(inode)? {
+        self.back_up_object(caller, inode, &mut admission)?;
+        Ok(ObjectPermit { admission, inode })
+    }
+
+    /// Layer 1 for a change to `inode`'s object: backs it up under every name of it the
+    /// inode table knows (a hard-linked file is one object: a change through one name is a
+    /// change of all; [`Gate::rel_paths_of`]).
+    fn back_up_object(
+        &self,
+        caller: &Caller,
+        inode: &Inode,
+        admission: &mut Admission<'_>,
+    ) -> io::Result<()> {
+        let paths = self.rel_paths_of(inode)?;
+        if paths.is_empty() {
+            return Ok(());
+        }
+        // The backup reads the object through its own fd: every name leads to it.
+        let fd = inode.fd()?;
+        for rel in &paths {
             debug!(
                 "gate: {} modifies {:?}",
                 caller,
-                String::from_utf8_lossy(&rel)
+                String::from_utf8_lossy(rel)
             );
-            // The backup reads the object through its own fd, the one `rel` came from.
-            let fd = inode.fd()?;
+        }
+        let is_dir = Some(inode.is_dir());
+        if let [rel] = paths.as_slice() {
             self.history
-                .before_object_change(caller, &rel, fd.as_fd(), Some(inode.is_dir()))?;
+                .before_object_change(caller, rel, fd.as_fd(), is_dir)?;
+        } else {
+            // A hard link: one capture serves every name.
+            self.history
+                .before_linked_object_change(caller, &paths, fd.as_fd(), is_dir)?;
+        }
+        for rel in paths {
             self.note_rules_dependency(&mut admission.rules_touched, rel, false);
         }
-        Ok(ObjectPermit { admission, inode })
+        Ok(())
+    }
+
+    /// The permit to make `name` in `parent` a new link to `existing`: backs up the new
+    /// name, and `existing` under every name it has (its link count is part of what a
+    /// checkpoint records of each, and a rewind links names recorded as one object).
+    pub fn link_permit<'g>(
+        &'g self,
+        caller: &Caller,
+        existing: &Inode,
+        parent: &'g Inode,
+        name: &'g CStr,
+    ) -> io::Result<EntryPermit<'g>> {
+        let mut permit = self.issue_entry_permit(caller, parent, name, false, false)?;
+        self.back_up_object(caller, existing, &mut permit.admission)?;
+        Ok(permit)
     }
 
     /// Backs up `name` in `parent` (it appears or disappears: create, mkdir, mknod,
@@ -176,13 +217,20 @@ impl Gate {
     /// [`Gate::entry_permit`], except that the file may be backed up by linking it into the
     /// store (Layer 1's [`History::before_removal`]); [`EntryPermit::remove`] then settles
     /// that backup.
+    /// `object`: the table's entry of the file at `name`, if it has one; when the file has
+    /// other links, they are backed up too (their link count changes).
     pub fn removal_permit<'g>(
         &'g self,
         caller: &Caller,
         parent: &'g Inode,
         name: &'g CStr,
+        object: Option<&Inode>,
     ) -> io::Result<EntryPermit<'g>> {
-        self.issue_entry_permit(caller, parent, name, false, true)
+        let mut permit = self.issue_entry_permit(caller, parent, name, false, true)?;
+        if let Some(object) = object.filter(|o| !o.is_dir() && o.has_other_names()) {
+            self.back_up_object(caller, object, &mut permit.admission)?;
+        }
+        Ok(permit)
     }
 
     fn issue_entry_permit<'g>(
@@ -287,6 +335,78 @@ impl Gate {
         if self.history.exclusion_rules_depend_on(&rel, rename) {
             touched.push(rel);
         }
+    }
+
+    /// Every path of `inode`'s object relative to the mount root, for Layer 1: the one its
+    /// fd has ([`Gate::rel_path_of`]), and for a non-directory looked up under more than one
+    /// name (a hard link) each other name the inode table has seen that still leads to the
+    /// object (one `fstatat` each; the names that no longer do are dropped). Empty when
+    /// the object has no path (unlinked). Cost: O(names), never a walk (inodes.rs,
+    /// invariant 8); a file with more links than names seen is logged, once per entry.
+    pub fn rel_paths_of(&self, inode: &Inode) -> io::Result<Vec<Vec<u8>>> {
+        let primary = self.rel_path_of(inode)?;
+        if inode.is_dir() || !inode.has_other_names() {
+            self.report_unseen_links(inode, primary.iter().count(), primary.as_deref());
+            return Ok(primary.into_iter().collect());
+        }
+        let mut paths: Vec<Vec<u8>> = primary.into_iter().collect();
+        let mut gone = Vec::new();
+        for (parent, name) in inode.names() {
+            let found = parent
+                .fd()
+                .and_then(|dir| sys::fstatat(dir.as_fd(), &name, libc::AT_SYMLINK_NOFOLLOW));
+            match found {
+                Ok(st) if ObjectKey::of(&st) == inode.key => {}
+                Ok(_) => {
+                    gone.push((parent, name));
+                    continue;
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                    gone.push((parent, name));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            match self.rel_child(&parent, &name) {
+                Ok(Some(rel)) if !paths.contains(&rel) => paths.push(rel),
+                Ok(_) => {}
+                // The link's directory left SRC behind the mount's back: the change
+                // through this name is still recorded under the others.
+                Err(e) => log::warn!(
+                    "not recording a change of inode {} under its link {:?}: {e}",
+                    inode.ino,
+                    name
+                ),
+            }
+        }
+        inode.forget_names(&gone);
+        self.report_unseen_links(inode, paths.len(), paths.first().map(Vec::as_slice));
+        Ok(paths)
+    }
+
+    /// Logs, once per inode entry, a change to a file with more links than names the
+    /// daemon has seen: the unseen names (made in SRC directly and never looked up through
+    /// the mount) are not recorded, so views of earlier checkpoints show their live content
+    /// until a lookup makes them known.
+    fn report_unseen_links(&self, inode: &Inode, seen: usize, rel: Option<&[u8]>) {
+        if inode.is_dir() || inode.links_at_lookup() <= seen as u64 || inode.unseen_links_reported()
+        {
+            return;
+        }
+        // The count from the last lookup may be stale (a link removed since): look again.
+        let links = match inode.fd().and_then(|fd| sys::fstat(fd.as_fd())) {
+            Ok(st) => st.st_nlink,
+            Err(_) => return,
+        };
+        if links <= seen as u64 || !inode.first_unseen_links_report() {
+            return;
+        }
+        log::warn!(
+            "{}: {links} links, {seen} seen through the mount: a change is recorded under \
+             the names seen only; a name never looked up through the mount (made in SRC \
+             directly) shows its live content in views until it is",
+            String::from_utf8_lossy(rel.unwrap_or(b"?"))
+        );
     }
 
     /// The path of `inode` relative to the mount root (empty for the root itself), or

@@ -58,6 +58,15 @@
 //!    can open any file of SRC's filesystem by handle directly) may read one outside SRC;
 //!    the gate refuses to change an object whose path is not beneath SRC.
 //!
+//! 8. A non-directory's entry knows every name the kernel has looked it up under: its
+//!    origin, and its *other names* (hard links). A lookup under a new name makes that the
+//!    origin and keeps the previous one among the other names. Nothing else adds to them,
+//!    and nothing is walked to find more: a name made in SRC behind the mount's back and
+//!    never looked up is not known (the gate logs a change to a file with more links than
+//!    known names). They are not kept right across unlinks and renames: whoever uses them
+//!    checks that each still leads to the object, and drops those that do not. Layer 1
+//!    records a change to the object under every one of them (fs/gate.rs).
+//!
 //! Lock order: `Shared::inner` (the table) → an entry's `fd` slot → `FdCache::registry`;
 //! an entry's `origin` lock is a leaf. No lock is held across a reopen (IO): the slot is
 //! filled after the open, and a concurrent reopen of the same entry just loses the race
@@ -137,6 +146,14 @@ pub struct Inode {
     pins: AtomicU32,
     /// The origin name was removed while other links remain (invariant 4).
     keep: AtomicBool,
+    /// Names of a non-directory other than its origin under which the kernel has looked it
+    /// up (hard links; invariant 8). Lock order: a leaf. Unchecked: callers check that each
+    /// still leads to this object ([`Inode::names`]).
+    other_names: Mutex<Vec<(Arc<Inode>, CString)>>,
+    /// `st_nlink` at the last lookup (invariant 8: compared with the names seen).
+    links: AtomicU64,
+    /// A change was logged for having more links than names seen (invariant 8): once.
+    unseen_links_logged: AtomicBool,
     me: Weak<Inode>,
     shared: Weak<Shared>,
     lookups: AtomicU64,
@@ -244,6 +261,65 @@ impl Inode {
     pub fn origin(&self) -> Option<(Arc<Inode>, CString)> {
         let o = lock(&self.origin);
         Some((o.parent.clone()?, o.name.clone()))
+    }
+
+    /// The object was looked up as `name` in `parent` (invariant 8): that name becomes its
+    /// origin, and for a non-directory the previous origin, if it was another name, is
+    /// remembered as one of its other names (a hard link). O(names seen), no IO.
+    fn looked_up_as(&self, parent: &Arc<Inode>, name: &CStr) {
+        if !self.is_dir() {
+            let previous = {
+                let o = lock(&self.origin);
+                o.parent.clone().map(|p| (p, o.name.clone()))
+            };
+            let mut names = lock(&self.other_names);
+            names.retain(|(p, n)| !(Arc::ptr_eq(p, parent) && n.as_c_str() == name));
+            if let Some((p, n)) = previous
+                && !(Arc::ptr_eq(&p, parent) && n.as_c_str() == name)
+                && !names.iter().any(|(q, m)| Arc::ptr_eq(q, &p) && *m == n)
+            {
+                names.push((p, n));
+            }
+        }
+        self.set_origin(parent, name);
+    }
+
+    /// Every name of this object the table has seen (invariant 8): its origin first, then
+    /// the other names of a hard-linked file, each as `(parent, name)`. Unchecked: a name
+    /// may have been unlinked or renamed since; callers check the object found there and
+    /// give back the names that no longer lead to it with [`Inode::forget_names`].
+    pub fn names(&self) -> Vec<(Arc<Inode>, CString)> {
+        let mut all: Vec<(Arc<Inode>, CString)> = self.origin().into_iter().collect();
+        all.extend(lock(&self.other_names).iter().cloned());
+        all
+    }
+
+    /// Whether the table knows a name of this object other than its origin (a hard link
+    /// looked up under two names): only then is [`Inode::names`] worth checking.
+    pub fn has_other_names(&self) -> bool {
+        !lock(&self.other_names).is_empty()
+    }
+
+    /// Drops `gone` from the other names (found no longer leading to this object).
+    pub fn forget_names(&self, gone: &[(Arc<Inode>, CString)]) {
+        lock(&self.other_names)
+            .retain(|(p, n)| !gone.iter().any(|(q, m)| Arc::ptr_eq(p, q) && n == m));
+    }
+
+    /// The object's link count when it was last looked up.
+    pub fn links_at_lookup(&self) -> u64 {
+        self.links.load(Ordering::Relaxed)
+    }
+
+    /// Whether [`Inode::first_unseen_links_report`] said true already.
+    pub fn unseen_links_reported(&self) -> bool {
+        self.unseen_links_logged.load(Ordering::Relaxed)
+    }
+
+    /// True the first time it is called: for logging, once per entry, that the object has
+    /// more links than names seen (invariant 8).
+    pub fn first_unseen_links_report(&self) -> bool {
+        !self.unseen_links_logged.swap(true, Ordering::Relaxed)
     }
 
     fn origin_is(&self, parent: &Inode, name: &CStr) -> bool {
@@ -431,6 +507,9 @@ impl InodeTable {
                 last_used: AtomicU64::new(0),
                 pins: AtomicU32::new(0),
                 keep: AtomicBool::new(true),
+                other_names: Mutex::new(Vec::new()),
+                links: AtomicU64::new(0),
+                unseen_links_logged: AtomicBool::new(false),
                 me: me.clone(),
                 shared: weak_shared.clone(),
                 lookups: AtomicU64::new(1),
@@ -478,7 +557,8 @@ impl InodeTable {
         name: &CStr,
     ) -> Option<Arc<Inode>> {
         let inode = self.add_lookup(st)?;
-        inode.set_origin(parent, name);
+        inode.links.store(st.st_nlink, Ordering::Relaxed);
+        inode.looked_up_as(parent, name);
         Some(inode)
     }
 
@@ -510,6 +590,19 @@ impl InodeTable {
         current
     }
 
+    /// The entry of the non-directory at `name` in `parent`, if the table has one that
+    /// was looked up under more than one name (a hard link; invariant 8). One `fstatat`.
+    pub fn entry_named(&self, parent: &Inode, name: &CStr) -> Option<Arc<Inode>> {
+        let dir = parent.fd().ok()?;
+        let st = sys::fstatat(dir.as_fd(), name, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+        if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return None;
+        }
+        self.shared
+            .current(ObjectKey::of(&st), st.st_mode & libc::S_IFMT)
+            .filter(|inode| inode.has_other_names())
+    }
+
     /// The FUSE inode number of the object `key`, if known, without adding a lookup.
     pub fn known_ino(&self, key: ObjectKey) -> Option<u64> {
         self.shared.read().by_key.get(&key).copied()
@@ -532,7 +625,8 @@ impl InodeTable {
         };
         let (inode, known) = self.insert(st, origin);
         if known {
-            inode.set_origin(parent, name);
+            inode.links.store(st.st_nlink, Ordering::Relaxed);
+            inode.looked_up_as(parent, name);
         }
         // A known entry whose slot is empty may be a new object under a reused number:
         // its old file handle must not be used (a new one is taken at the next give-back).
@@ -582,6 +676,9 @@ impl InodeTable {
             last_used: AtomicU64::new(0),
             pins: AtomicU32::new(0),
             keep: AtomicBool::new(false),
+            other_names: Mutex::new(Vec::new()),
+            links: AtomicU64::new(st.st_nlink),
+            unseen_links_logged: AtomicBool::new(false),
             me: me.clone(),
             shared: Arc::downgrade(&self.shared),
             lookups: AtomicU64::new(1),
@@ -744,7 +841,7 @@ impl InodeTable {
             .shared
             .current(ObjectKey::of(st), st.st_mode & libc::S_IFMT)
         {
-            inode.set_origin(new_parent, new_name);
+            inode.looked_up_as(new_parent, new_name);
         }
     }
 
@@ -1078,6 +1175,14 @@ mod tests {
     /// A table on a fresh directory holding `d/f`, with entries for `d` and `d/f`; `None`
     /// (the test is skipped) unless file handles work there (root, a filesystem that
     /// exports them).
+    /// What the core's LOOKUP does with the table: `name` in `parent`, as an entry.
+    fn look_up(table: &InodeTable, parent: &Arc<Inode>, name: &CStr) -> Arc<Inode> {
+        let dir = parent.fd().unwrap();
+        let fd = sys::openat(dir.as_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
+        let st = sys::fstat(fd.as_fd()).unwrap();
+        table.lookup_or_insert(fd, &st, parent, name)
+    }
+
     fn table_with_file() -> Option<(tempfile::TempDir, InodeTable, Arc<Inode>, Arc<Inode>)> {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("d")).unwrap();
@@ -1089,12 +1194,7 @@ mod tests {
             return None;
         }
         let root = table.get(ROOT_INO).unwrap();
-        let look = |parent: &Arc<Inode>, name: &CStr| {
-            let dir = parent.fd().unwrap();
-            let fd = sys::openat(dir.as_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).unwrap();
-            let st = sys::fstat(fd.as_fd()).unwrap();
-            table.lookup_or_insert(fd, &st, parent, name)
-        };
+        let look = |parent: &Arc<Inode>, name: &CStr| look_up(&table, parent, name);
         let d = look(&root, c"d");
         let f = look(&d, c"f");
         Some((tmp, table, d, f))
@@ -1154,5 +1254,63 @@ mod tests {
         // With the right handle the same name is accepted again.
         lock(&f.origin).handle = Some(FileId::ino32_gen_handle(ino, generation));
         f.fd().unwrap();
+    }
+
+    fn names_of(inode: &Inode) -> Vec<String> {
+        inode
+            .names()
+            .iter()
+            .map(|(parent, name)| format!("{}/{}", parent.ino, name.to_string_lossy()))
+            .collect()
+    }
+
+    #[test]
+    fn a_file_looked_up_under_two_names_knows_both_and_a_directory_only_its_last() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("a"), b"x").unwrap();
+        std::fs::hard_link(tmp.path().join("a"), tmp.path().join("d/b")).unwrap();
+        let table = InodeTable::new(std::fs::File::open(tmp.path()).unwrap().into()).unwrap();
+        let root = table.get(ROOT_INO).unwrap();
+        let look = |parent: &Arc<Inode>, name: &CStr| look_up(&table, parent, name);
+        let d = look(&root, c"d");
+        let a = look(&root, c"a");
+        assert!(!a.has_other_names());
+        assert_eq!(a.links_at_lookup(), 2);
+        // Looked up again under the same name: nothing new.
+        assert!(Arc::ptr_eq(&look(&root, c"a"), &a));
+        assert!(!a.has_other_names());
+        // Under its other name: one entry, both names, the latest first.
+        let b = look(&d, c"b");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(a.has_other_names());
+        let (root_ino, d_ino) = (root.ino, d.ino);
+        assert_eq!(
+            names_of(&a),
+            [format!("{d_ino}/b"), format!("{root_ino}/a")]
+        );
+        // Back and forth: each name once.
+        look(&root, c"a");
+        look(&d, c"b");
+        assert_eq!(
+            names_of(&a),
+            [format!("{d_ino}/b"), format!("{root_ino}/a")]
+        );
+        // A name found gone is dropped.
+        a.forget_names(&[(root.clone(), c"a".to_owned())]);
+        assert_eq!(names_of(&a), [format!("{d_ino}/b")]);
+        assert!(!a.has_other_names());
+        // A directory has one name (the last), never other names.
+        std::fs::create_dir(tmp.path().join("e")).unwrap();
+        let e = look(&root, c"e");
+        std::fs::rename(tmp.path().join("e"), tmp.path().join("d/e")).unwrap();
+        assert!(Arc::ptr_eq(&look(&d, c"e"), &e));
+        assert!(!e.has_other_names());
+        assert_eq!(names_of(&e), [format!("{d_ino}/e")]);
+        // Unseen links are reported once per entry.
+        assert!(!a.unseen_links_reported());
+        assert!(a.first_unseen_links_report());
+        assert!(a.unseen_links_reported());
+        assert!(!a.first_unseen_links_report());
     }
 }

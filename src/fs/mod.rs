@@ -612,7 +612,7 @@ impl PassthroughFs {
         let new_parent = self.real_parent(new_parent)?;
         Self::refuse_control_name(&new_parent, new_name)?;
         with_name(new_name, |c| {
-            let permit = self.gate.entry_permit(caller, &new_parent, c, false)?;
+            let permit = self.gate.link_permit(caller, &inode, &new_parent, c)?;
             permit.link(&inode)?;
             drop(permit);
             self.lookup_in(&new_parent, new_name)
@@ -638,7 +638,11 @@ impl PassthroughFs {
             let permit = if is_dir {
                 self.gate.entry_permit(caller, &parent, c, true)?
             } else {
-                self.gate.removal_permit(caller, &parent, c)?
+                // A file the kernel knows under other names too (a hard link): those are
+                // backed up as well, since their link count changes.
+                let object = self.inodes.entry_named(&parent, c);
+                self.gate
+                    .removal_permit(caller, &parent, c, object.as_deref())?
             };
             if self.inodes.tracks_names()
                 && let Ok(st) = sys::fstatat(permit.dir(), c, libc::AT_SYMLINK_NOFOLLOW)
@@ -1315,7 +1319,7 @@ impl PassthroughFs {
         self.handles
             .writable_inodes()
             .iter()
-            .filter_map(|inode| self.gate.rel_path_of(inode).ok().flatten())
+            .flat_map(|inode| self.gate.rel_paths_of(inode).unwrap_or_default())
             .collect()
     }
 

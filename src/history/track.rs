@@ -1,6 +1,7 @@
 //! Layer 1: back up a path before its first change in a message (the gate calls
 //! [`History::before_change`] and [`History::before_rename`]), the captures Layer 2 shares,
 //! and how backups reach the disk (`--durability`).
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::fs::File;
@@ -17,7 +18,7 @@ use super::store::{LinkPut, LinkedObject};
 use super::{Caller, History, State, Version, VersionState, rel_key};
 use crate::state::durability::{self, Durability};
 use crate::sys::{self, FsCredsGuard, errno};
-use crate::transcript::record::{Actor, EntryKind, EntryMeta, Record, rfc3339};
+use crate::transcript::record::{Actor, EntryKind, EntryMeta, LinkMeta, Record, rfc3339};
 
 pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
     let kind = match st.st_mode & libc::S_IFMT {
@@ -45,6 +46,19 @@ pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
         mtime_nsec: st.st_mtime_nsec as u32,
         rdev: is_dev.then_some(st.st_rdev),
         xattrs: None,
+        link: link_of(st, kind),
+    })
+}
+
+/// [`EntryMeta::link`] of an object: recorded for a regular file with more than one link
+/// (format 4; a daemon before it ignores the field, and restores such names as files of
+/// their own).
+fn link_of(st: &libc::stat, kind: EntryKind) -> Option<LinkMeta> {
+    let linked = kind == EntryKind::File && st.st_nlink > 1;
+    linked.then_some(LinkMeta {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        nlink: st.st_nlink,
     })
 }
 
@@ -127,6 +141,10 @@ enum At<'a> {
     Object(BorrowedFd<'a>),
     /// Entry `name` of a directory held by the caller: the path's parent.
     Entry(BorrowedFd<'a>, &'a CStr),
+    /// As `Object`, for one of several names of a hard-linked file changed at once: the
+    /// first capture of the object is kept in the cell and is the state of the other names
+    /// too (one object, one content; read and hashed once).
+    Linked(BorrowedFd<'a>, &'a RefCell<Option<VersionState>>),
 }
 
 /// What Layer 1 must do for a path before it changes.
@@ -172,6 +190,29 @@ impl History {
     ) -> io::Result<()> {
         self.layer1(caller, rel, is_dir, Capture::Change, At::Object(object))
             .map(drop)
+    }
+
+    /// [`History::before_object_change`] of one object under each of `rels`, its names (a
+    /// hard-linked file): the object is captured once, and that state is each name's
+    /// pre-image where one is needed.
+    pub fn before_linked_object_change(
+        &self,
+        caller: &Caller,
+        rels: &[Vec<u8>],
+        object: BorrowedFd<'_>,
+        is_dir: Option<bool>,
+    ) -> io::Result<()> {
+        let memo = RefCell::new(None);
+        for rel in rels {
+            self.layer1(
+                caller,
+                rel,
+                is_dir,
+                Capture::Change,
+                At::Linked(object, &memo),
+            )?;
+        }
+        Ok(())
     }
 
     /// [`History::before_change`] for entry `name` of directory `dir` (an O_PATH fd the
@@ -492,6 +533,7 @@ impl History {
                         At::Object(fd) => self.capture_fd(fd, leaving),
                         At::Entry(dir, name) => self.capture_entry(dir, name, leaving),
                         At::Path => self.capture_as(rel, leaving),
+                        At::Linked(fd, memo) => self.capture_linked(fd, memo, leaving),
                     };
                     st = self.lock();
                     st.busy.remove(rel);
@@ -538,6 +580,7 @@ impl History {
                             At::Object(fd) => self.capture_fd(fd, leaving),
                             At::Entry(dir, name) => self.capture_entry(dir, name, leaving),
                             At::Path => self.capture_as(rel, leaving),
+                            At::Linked(fd, memo) => self.capture_linked(fd, memo, leaving),
                         }
                         .map(|(state, wrote, l)| {
                             linked = l;
@@ -866,6 +909,23 @@ impl History {
     /// [`History::capture_as`] of the object `fd` (O_PATH, not following a symlink) refers
     /// to: what is at the path being captured.
     #[allow(clippy::type_complexity)]
+    /// [`History::capture_fd`] of a hard-linked object, once for all its names: the state
+    /// in `memo` if an earlier name captured it, else captured now and kept there.
+    #[allow(clippy::type_complexity)]
+    fn capture_linked(
+        &self,
+        fd: BorrowedFd<'_>,
+        memo: &RefCell<Option<VersionState>>,
+        leaving: bool,
+    ) -> io::Result<(VersionState, bool, Option<LinkedObject<'_>>)> {
+        if let Some(state) = memo.borrow().clone() {
+            return Ok((state, false, None));
+        }
+        let captured = self.capture_fd(fd, leaving)?;
+        *memo.borrow_mut() = Some(captured.0.clone());
+        Ok(captured)
+    }
+
     fn capture_fd(
         &self,
         fd: BorrowedFd<'_>,

@@ -439,6 +439,7 @@ mod tests {
                 mtime_nsec: 0,
                 rdev: None,
                 xattrs: None,
+                link: None,
             },
             content: object.map_or(ViewContent::None, |o| ViewContent::Object(o.to_string())),
         }

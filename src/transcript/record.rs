@@ -155,6 +155,23 @@ pub struct EntryMeta {
     /// could not be read), so nothing about them is known and a rewind leaves them alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xattrs: Option<String>,
+    /// Extra (format 4): the object this version was, when it was a regular file with more
+    /// than one hard link. Versions of several paths naming the same object and the same
+    /// content were one file linked under those names, and a rewind that restores several
+    /// of them links them again. Absent: one link, or not recorded (records from before
+    /// the field or without format 4), so a rewind restores the path as a file of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkMeta>,
+}
+
+/// A hard-linked file's identity in one version ([`EntryMeta::link`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LinkMeta {
+    /// `st_dev` and `st_ino` in SRC when the version was captured.
+    pub dev: u64,
+    pub ino: u64,
+    /// `st_nlink` then (more than 1).
+    pub nlink: u64,
 }
 
 impl EntryMeta {
@@ -319,6 +336,30 @@ mod tests {
     }
 
     /// Format 4's two rename records, as docs/transcript-format.md shows them.
+    #[test]
+    fn a_link_is_optional_in_meta_and_round_trips_in_the_documented_shape() {
+        // As written before the field existed (and by daemons without format 4).
+        let old =
+            r#"{"kind":"file","mode":420,"uid":0,"gid":0,"size":3,"mtimeSec":1,"mtimeNsec":2}"#;
+        let meta: EntryMeta = serde_json::from_str(old).unwrap();
+        assert_eq!(meta.link, None);
+        assert_eq!(serde_json::to_string(&meta).unwrap(), old);
+        let linked = EntryMeta {
+            link: Some(LinkMeta {
+                dev: 2049,
+                ino: 1312,
+                nlink: 2,
+            }),
+            ..meta
+        };
+        let json = serde_json::to_string(&linked).unwrap();
+        assert!(
+            json.ends_with(r#","link":{"dev":2049,"ino":1312,"nlink":2}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<EntryMeta>(&json).unwrap(), linked);
+    }
+
     #[test]
     fn rename_records_round_trip_in_the_documented_shape() {
         let intent = Record::rename_intent(

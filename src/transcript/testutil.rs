@@ -22,6 +22,7 @@ fn file_backup(version: u32) -> TrackedFileBackup {
             mtime_nsec: 5,
             rdev: None,
             xattrs: None,
+            link: None,
         }),
         pending: false,
         actor: None,
@@ -47,6 +48,7 @@ pub(crate) fn file_entry(version: u32, object: &str, time: &str) -> TrackedFileB
             mtime_nsec: 0,
             rdev: None,
             xattrs: None,
+            link: None,
         }),
         pending: false,
         actor: None,
@@ -68,6 +70,7 @@ pub(crate) fn dir_meta() -> EntryMeta {
         mtime_nsec: 0,
         rdev: None,
         xattrs: None,
+        link: None,
     }
 }
 

@@ -26,6 +26,7 @@ mod file_handles;
 mod fuzz;
 mod gc;
 mod golden;
+mod hardlinks;
 mod hook;
 mod kernel_caches;
 mod layers;
