@@ -802,9 +802,21 @@ impl Drop for EnableUring {
     }
 }
 
-/// `status --json`'s `io` object of the live mount `m` (the transport in use among it).
+/// `status --json`'s `io` object of the live mount `m` (the transport in use among it),
+/// once the transport is chosen: the daemon reports the mount ready before its session has
+/// set up the ring (which needs the kernel's INIT first), so right after a mount it may
+/// still say "starting".
 pub fn status_io(m: &TestMount) -> serde_json::Value {
-    let out = cli_ok(&["status", m.mnt.to_str().unwrap(), "--json"]);
-    let status: serde_json::Value = serde_json::from_str(&out).expect("status --json");
-    status["io"].clone()
+    let read = || {
+        let out = cli_ok(&["status", m.mnt.to_str().unwrap(), "--json"]);
+        let status: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+        status["io"].clone()
+    };
+    let mut io = read();
+    let chosen = wait_until(Duration::from_secs(30), || {
+        io = read();
+        io["transport"] != "starting"
+    });
+    assert!(chosen, "the mount never chose its transport: {io}");
+    io
 }
