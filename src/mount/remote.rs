@@ -93,7 +93,7 @@ impl RemoteControl {
         })?;
         match wait {
             None => {
-                p.kick();
+                p.kick_now();
                 Ok("push started\n".into())
             }
             Some(t) => {

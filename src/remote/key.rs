@@ -210,6 +210,10 @@ impl RepoKey {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a test loosens its own key file's mode, as a user could"
+)]
 mod tests {
     use super::*;
 

@@ -77,6 +77,9 @@ pub use crate::history::status::RemoteStatus as PushStatus;
 struct Shared {
     /// Set by a checkpoint, a `remote push` request or the stop; cleared by the worker.
     wake: bool,
+    /// Set by a `remote push` request: also cuts a backoff short (a checkpoint does not,
+    /// so checkpoints during an outage do not turn the backoff into a busy retry).
+    urgent: bool,
     stop: bool,
     /// Attempts finished (ok or not), so a waiter knows one began after its request.
     attempts: u64,
@@ -124,6 +127,7 @@ impl Pusher {
         let pusher = Arc::new(Pusher {
             shared: Mutex::new(Shared {
                 wake: true,
+                urgent: false,
                 stop: false,
                 attempts: 0,
                 status: PushStatus {
@@ -158,9 +162,18 @@ impl Pusher {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Asks the worker to look for unpushed checkpoints now (never blocks on it).
+    /// Asks the worker to look for unpushed checkpoints (never blocks on it); `urgent` (a
+    /// `remote push` request) also cuts a backoff short.
     pub fn kick(&self) {
         self.lock().wake = true;
+        self.cond.notify_all();
+    }
+
+    pub fn kick_now(&self) {
+        let mut sh = self.lock();
+        sh.wake = true;
+        sh.urgent = true;
+        drop(sh);
         self.cond.notify_all();
     }
 
@@ -190,6 +203,7 @@ impl Pusher {
         let mut sh = self.lock();
         let start_attempts = sh.attempts;
         sh.wake = true;
+        sh.urgent = true;
         self.cond.notify_all();
         loop {
             let done = target == 0 || sh.pushed_through.is_some_and(|p| p + 1 >= first + target);
@@ -199,10 +213,10 @@ impl Pusher {
             }
             // An attempt that began after the request (attempts + 2: the one running when
             // we asked may have begun before) failed.
-            if sh.attempts >= start_attempts + 2 || (sh.attempts > start_attempts && !sh.wake) {
-                if let Some(e) = &sh.status.last_error {
-                    return Err(io::Error::other(format!("push failed: {e}")));
-                }
+            if (sh.attempts >= start_attempts + 2 || (sh.attempts > start_attempts && !sh.wake))
+                && let Some(e) = &sh.status.last_error
+            {
+                return Err(io::Error::other(format!("push failed: {e}")));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -269,6 +283,7 @@ impl Pusher {
                     break;
                 }
                 sh.wake = false;
+                sh.urgent = false;
             }
             let result = (|| -> io::Result<()> {
                 if repo.is_none() {
@@ -303,9 +318,10 @@ impl Pusher {
                     );
                     sh.status.last_error = Some(e.to_string());
                     self.cond.notify_all();
-                    // Back off, unless stopped; a kick during the wait is kept for after it.
+                    // Back off, unless stopped or asked to push now; a checkpoint's kick
+                    // during the wait is kept for after it.
                     let until = Instant::now() + backoff;
-                    while !sh.stop && Instant::now() < until {
+                    while !sh.stop && !sh.urgent && Instant::now() < until {
                         let left = until.saturating_duration_since(Instant::now());
                         sh = self
                             .cond

@@ -31,8 +31,26 @@ fn remote_error(url: &RemoteUrl, what: &str, e: object_store::Error) -> io::Erro
         object_store::Error::NotFound { .. } => io::ErrorKind::NotFound,
         _ => io::ErrorKind::Other,
     };
-    // object_store's messages name the request's path and status, never the credentials.
-    io::Error::new(kind, format!("remote {url}: {what}: {e}"))
+    io::Error::new(kind, redact(format!("remote {url}: {what}: {e}")))
+}
+
+/// `text` with the values of the credential variables replaced by their names.
+/// object_store's messages name the request's path and status, and never the secret; but a
+/// server's error body may quote the access key id ("no such key GK..."), and a message must
+/// not carry any of them into a log, `status` or the terminal.
+pub fn redact(mut text: String) -> String {
+    for var in [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+    ] {
+        if let Ok(value) = std::env::var(var)
+            && value.len() >= 4
+        {
+            text = text.replace(&value, &format!("<{var}>"));
+        }
+    }
+    text
 }
 
 impl Repo {
