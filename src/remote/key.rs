@@ -20,6 +20,7 @@ const NONCE_LEN: usize = 24;
 const ENVELOPE_MAGIC: &[u8; 8] = b"cpfsrv1\0";
 
 /// The repository key and the subkeys derived from it (HMAC-SHA256 of a fixed label).
+#[derive(Clone)]
 pub struct RepoKey {
     /// Names content: `name = HMAC(name_key, domain || plaintext)`.
     name_key: [u8; KEY_LEN],

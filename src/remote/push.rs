@@ -272,7 +272,6 @@ impl Pusher {
         let mut backoff = Duration::from_secs(1);
         let mut repo: Option<Repo> = None;
         let mut snap = Snapshotter::default();
-        let mut key = Some(key);
         loop {
             {
                 let mut sh = self.lock();
@@ -285,9 +284,9 @@ impl Pusher {
                 sh.wake = false;
                 sh.urgent = false;
             }
-            let result = (|| -> io::Result<()> {
+            let attempt = std::panic::AssertUnwindSafe(|| -> io::Result<()> {
                 if repo.is_none() {
-                    let r = Repo::open(url.clone(), key.take().expect("taken once"))?;
+                    let r = Repo::open(url.clone(), key.clone())?;
                     r.init()?;
                     let info = SessionInfo {
                         format: format::FORMAT,
@@ -303,7 +302,15 @@ impl Pusher {
                 }
                 let r = repo.as_ref().expect("opened above");
                 self.push_pending(&history, r, &mut snap, &mut st, &state_dir)
-            })();
+            });
+            // A panic is a failed attempt (with a fresh snapshot cache after it), not a
+            // dead worker that a `remote push --wait` would wait on for good.
+            let result = std::panic::catch_unwind(attempt).unwrap_or_else(|_| {
+                snap = Snapshotter::default();
+                Err(io::Error::other(
+                    "internal error: the push panicked (see the daemon log); retried",
+                ))
+            });
             let mut sh = self.lock();
             sh.attempts += 1;
             match result {

@@ -112,10 +112,22 @@ impl RemoteUrl {
                     retry_timeout: Duration::from_secs(20),
                     ..Default::default()
                 };
-                let s3 = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(&self.location)
+                // The bounds first: `with_client_options` replaces every client option, so
+                // the environment's (AWS_ALLOW_HTTP, proxies) are applied after it, as
+                // `AmazonS3Builder::from_env` reads them.
+                let mut builder = object_store::aws::AmazonS3Builder::new()
                     .with_client_options(client)
-                    .with_retry(retry)
+                    .with_retry(retry);
+                for (key, value) in std::env::vars_os() {
+                    if let (Some(key), Some(value)) = (key.to_str(), value.to_str())
+                        && key.starts_with("AWS_")
+                        && let Ok(config) = key.to_ascii_lowercase().parse()
+                    {
+                        builder = builder.with_config(config, value);
+                    }
+                }
+                let s3 = builder
+                    .with_bucket_name(&self.location)
                     .build()
                     .map_err(|e| super::repo::redact(format!("cannot open {}: {e}", self.text)))?;
                 Ok(Arc::new(s3))

@@ -39,6 +39,7 @@ mod mount_scripts;
 mod open_writers;
 mod owner;
 mod passthrough;
+mod remote;
 mod renames;
 mod reports;
 mod safety;
