@@ -115,23 +115,6 @@ impl Snapshotter {
         let root = Entry::new(b"", &root_meta.meta, Content::Dir { tree });
         let mut stats = pass.stats;
         let new = pass.new;
-        if incremental {
-            let (files, bytes) = self.totals;
-            // Totals: the old ones adjusted by the directories recomputed.
-            let (mut f, mut b) = (files as i64, bytes as i64);
-            for (path, node) in &new {
-                if let Some(o) = self.dirs.get(path) {
-                    let (of, ob) = file_totals(o);
-                    f -= of as i64;
-                    b -= ob as i64;
-                }
-                let (nf, nb) = file_totals(node);
-                f += nf as i64;
-                b += nb as i64;
-            }
-            stats.files = f.max(0) as u64;
-            stats.bytes = b.max(0) as u64;
-        }
         // Directories gone from a recomputed parent leave the cache with their subtree.
         let mut gone = Vec::new();
         for (path, node) in &new {
@@ -147,28 +130,51 @@ impl Snapshotter {
                 }
             }
         }
+        // The view's totals, kept up to date by what leaves and enters the cache.
+        let mut totals = if incremental { self.totals } else { (0, 0) };
         if !incremental {
             self.dirs.clear();
         }
-        for g in gone {
-            let below = format!("{g}/");
-            self.dirs.retain(|p, _| p != &g && !p.starts_with(&below));
+        if !gone.is_empty() {
+            // One pass over the cache (memory only), each path checked by its ancestors.
+            let gone: std::collections::HashSet<String> = gone.into_iter().collect();
+            self.dirs.retain(|p, node| {
+                let mut q = p.as_str();
+                let under = loop {
+                    if gone.contains(q) {
+                        break true;
+                    }
+                    match q.rfind('/') {
+                        Some(i) => q = &q[..i],
+                        None => break false,
+                    }
+                };
+                if under {
+                    forget(&mut totals, node);
+                }
+                !under
+            });
         }
-        self.dirs.extend(new);
-        if !incremental {
-            let mut t = (0, 0);
-            for node in self.dirs.values() {
-                let (f, b) = file_totals(node);
-                t.0 += f;
-                t.1 += b;
+        for (path, node) in new {
+            let (f, b) = file_totals(&node);
+            if let Some(old) = self.dirs.insert(path, node) {
+                forget(&mut totals, &old);
             }
-            stats.files = t.0;
-            stats.bytes = t.1;
+            totals.0 += f;
+            totals.1 += b;
         }
+        (stats.files, stats.bytes) = totals;
         self.totals = (stats.files, stats.bytes);
         self.last = Some(k);
         Ok((root, stats))
     }
+}
+
+/// Takes `node`'s files out of `totals`.
+fn forget(totals: &mut (u64, u64), node: &DirNode) {
+    let (f, b) = file_totals(node);
+    totals.0 = totals.0.saturating_sub(f);
+    totals.1 = totals.1.saturating_sub(b);
 }
 
 fn file_totals(node: &DirNode) -> (u64, u64) {

@@ -191,7 +191,18 @@ fn every_pushed_checkpoint_restores_byte_exact_with_its_local_view() {
         sh(&m, script);
         checkpoint(&m, id);
     }
+    let t = Instant::now();
     push_wait(&m);
+    // The figures: each checkpoint's push as the daemon logged it (files, bytes, time,
+    // objects and bytes uploaded, directories walked).
+    eprintln!("push of {} checkpoints: {:?}", steps.len(), t.elapsed());
+    for line in m
+        .daemon_log()
+        .lines()
+        .filter(|l| l.contains("remote push: checkpoint"))
+    {
+        eprintln!("{line}");
+    }
     let status = status_json(&m);
     assert_eq!(status["remote"]["unpushed_checkpoints"], 0, "{status}");
     assert!(status["remote"]["last_error"].is_null(), "{status}");
@@ -207,9 +218,14 @@ fn every_pushed_checkpoint_restores_byte_exact_with_its_local_view() {
         ],
     );
     for (id, _) in steps {
+        // Each manifest's file count (kept incrementally by the pusher) is the view's.
+        let files = tree_listing(&at(&m, id))
+            .iter()
+            .filter(|l| l.split(' ').nth(1) == Some("file"))
+            .count();
         assert!(
-            log.contains(&format!("  {id}  ")),
-            "{id} missing from remote log:\n{log}"
+            log.contains(&format!("  {id}  {files} files, ")),
+            "{id} with {files} files missing from remote log:\n{log}"
         );
     }
     // Another "machine": a fresh directory, no state dir; only the URL, key and cluster
