@@ -253,3 +253,22 @@ install_gemini_cli() {
     fi
 }
 install_gemini_cli || exit 1
+
+
+# ---- Garage for tests/it/remote.rs (pinned, from crates.io) ----------------------------------
+# A real 3-node S3-compatible cluster (tests/it/common/garage.rs starts it on 127.0.0.1). Built
+# once into a cache outside the repo; skipped when the binary is there. The uncached build
+# takes ~15-25 min on 2 cores (issue 29 allows 18 min of CI for all of this): lmdb only, no
+# sqlite/k2v/telemetry, its C libraries bundled (no system packages needed).
+GARAGE_VERSION=2.5.0
+GARAGE_ROOT=/var/cache/checkpointfs-test/garage-$GARAGE_VERSION
+install_garage() {
+    [[ -x $GARAGE_ROOT/bin/garage ]] && return 0
+    local started=$SECONDS
+    mkdir -p "$GARAGE_ROOT"
+    nice -n 15 env CARGO_TARGET_DIR=/var/tmp/target-garage cargo install --locked garage \
+        --version "$GARAGE_VERSION" --no-default-features --features bundled-libs,lmdb \
+        --root "$GARAGE_ROOT" || return 1
+    echo "ci: built garage $GARAGE_VERSION in $((SECONDS - started)) s"
+}
+install_garage || exit 1

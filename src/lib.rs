@@ -11,7 +11,7 @@
 //! | [`rewind`] | a rewind's plan, executed through the passthrough core's gate |
 //! | [`fs`] | the passthrough core, the virtual `.checkpoint/` tree, the mutation gate |
 //! | [`history`] | Layer 1, checkpoints, the store, views, gc, reports' facts |
-//! | [`remote`] | (reserved) checkpoints pushed to an object store |
+//! | [`remote`] | checkpoints pushed to an object store (docs/remote-format.md) |
 //! | [`transcript`] | Layer 3: records, writer thread, journal, replay, MACs |
 //! | [`state`] | the state dir: who may write it, its lock, durability modes |
 //! | [`sys`] | thin syscall helpers, split by concern |

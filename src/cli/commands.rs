@@ -124,7 +124,7 @@ fn checkpoint_over_socket(mnt: &Path, id: &str) -> i32 {
 }
 
 /// The state dir of the mount at `mnt`, from its virtual `.checkpoint/state-dir` file.
-fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
+pub(crate) fn state_dir_of_mount(mnt: &Path) -> Result<PathBuf, i32> {
     match std::fs::read_to_string(mnt.join(".checkpoint/state-dir")) {
         Ok(s) => Ok(PathBuf::from(s.trim_end_matches('\n'))),
         Err(e) if crate::mount::unmount::endpoint_gone(&e) => {
@@ -275,7 +275,7 @@ fn daemon_answer(state_dir: &Path, req: &Request) -> Result<String, i32> {
 }
 
 /// Sends `req` to the daemon and prints its answer.
-fn ask_daemon(state_dir: &Path, req: &Request) -> i32 {
+pub(crate) fn ask_daemon(state_dir: &Path, req: &Request) -> i32 {
     ask_daemon_rendered(state_dir, req, Ok)
 }
 

@@ -16,6 +16,7 @@ pub mod install_hook;
     reason = "man pages written to the directory the user names, never SRC"
 )]
 pub mod manuals;
+pub mod remote;
 pub mod render;
 pub mod ui;
 
@@ -158,6 +159,16 @@ pub enum Command {
         disable_version_flag = true
     )]
     Hook(HookArgs),
+    /// Push checkpoints to an object store, and list what one holds
+    #[command(
+        long_about = "Push checkpoints to an object store (s3://BUCKET/PREFIX on any \
+        S3-compatible store, or file:///PATH), and list what one holds. Everything pushed is \
+        encrypted and named by keyed hashes under the repository key; see \
+        docs/remote-format.md and docs/usage.md."
+    )]
+    Remote(remote::RemoteArgs),
+    /// Restore a pushed checkpoint into an empty directory, from the remote alone
+    Restore(remote::RestoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -298,6 +309,17 @@ pub struct MountArgs {
     /// negations. The git directory itself is tracked. Saved in the state dir like --exclude.
     #[arg(long)]
     pub respect_gitignore: bool,
+
+    /// Push every checkpoint to URL in the background: s3://BUCKET[/PREFIX] (endpoint,
+    /// region and credentials from the AWS_* environment variables; a URL carrying
+    /// credentials is refused) or file:///PATH. Saved in the state dir like the exclusions
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+
+    /// The repository key file for --remote (created 0600 if missing; never inside the state
+    /// dir) [default: $XDG_CONFIG_HOME/checkpointfs/remote.key]
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub remote_key: Option<PathBuf>,
 
     /// Turn a saved --respect-gitignore off
     #[arg(long, conflicts_with = "respect_gitignore")]
@@ -607,6 +629,8 @@ where
         Command::Gc(a) => gc(a),
         Command::InstallHook(a) => install_hook(a),
         Command::Hook(a) => hook::run(a.agent.as_ref(), &a.rest),
+        Command::Remote(a) => remote::run(a),
+        Command::Restore(a) => remote::restore_command(a),
     }
 }
 
@@ -765,6 +789,18 @@ fn diff(a: DiffArgs) -> i32 {
 // ---------------------------------------------------------------------------------------
 
 fn mount(a: MountArgs) -> i32 {
+    let remote = match a
+        .remote
+        .as_deref()
+        .map(|u| remote::remote_setting(u, a.remote_key.as_deref()))
+    {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            eprintln!("checkpointfs: {e}");
+            return EXIT_USAGE;
+        }
+    };
     let request = MountRequest {
         src: a.src,
         mnt: a.mnt,
@@ -783,6 +819,7 @@ fn mount(a: MountArgs) -> i32 {
         allow_other: a.allow_other,
         other_users_budget: a.other_users_budget,
         durability: a.durability,
+        remote,
     };
     let cfg = match crate::mount::prepare::prepare(&request) {
         Ok(cfg) => cfg,

@@ -432,6 +432,21 @@ impl StatusReport {
                 );
             }
         }
+        if let Some(r) = &self.remote {
+            let _ = writeln!(
+                out,
+                "remote:         {} (session {}): pushed through {}, {} checkpoint(s) not pushed, {} uploaded since mount{}",
+                r.url,
+                r.session,
+                r.pushed_through.as_deref().unwrap_or("nothing yet"),
+                r.unpushed_checkpoints,
+                super::commands::human_bytes(r.uploaded_bytes),
+                r.last_error
+                    .as_deref()
+                    .map(|e| format!("; last error: {e}"))
+                    .unwrap_or_default()
+            );
+        }
         self.exclusions_text(&mut out);
         out
     }

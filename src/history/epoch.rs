@@ -69,7 +69,9 @@ impl Quiesced<'_> {
         pre_copies: PreCopies,
     ) -> io::Result<()> {
         self.history
-            .record_checkpoint(id, session, open_for_write, pre_copies)
+            .record_checkpoint(id, session, open_for_write, pre_copies)?;
+        self.history.notify_checkpoint_listeners();
+        Ok(())
     }
 
     /// gc in the daemon, keeping memory and the on-disk transcript in step, from `planned`

@@ -203,7 +203,13 @@ pub struct History {
     rename_serial: Mutex<()>,
     /// `STATE/format` says 4 (written before the first rename record).
     format4_written: AtomicBool,
+    /// Called after each checkpoint, with the epoch lock held: each only notifies (the
+    /// remote push worker's wake-up), never waits. Lock order: a leaf.
+    checkpoint_listeners: Mutex<Vec<CheckpointListener>>,
 }
+
+/// See [`History::on_checkpoint`].
+pub type CheckpointListener = Box<dyn Fn() + Send + Sync>;
 
 impl History {
     pub fn source(&self) -> &Path {
@@ -266,6 +272,26 @@ impl History {
     /// Whether `rel` is a directory in SRC now (false if absent).
     fn is_dir_now(&self, rel: &str) -> bool {
         matches!(self.current_meta(rel), Ok(Some(m)) if m.kind == crate::transcript::record::EntryKind::Dir)
+    }
+
+    /// Registers `listener`, called after every checkpoint from then on. It runs on the
+    /// checkpoint's path (the marker, the control request), so it must only notify.
+    pub fn on_checkpoint(&self, listener: CheckpointListener) {
+        self.checkpoint_listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(listener);
+    }
+
+    pub(crate) fn notify_checkpoint_listeners(&self) {
+        for l in self
+            .checkpoint_listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            l();
+        }
     }
 
     pub fn checkpoint_ids(&self) -> Vec<String> {

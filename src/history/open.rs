@@ -164,6 +164,7 @@ fn assemble(
         stopping: Default::default(),
         rename_serial: Mutex::new(()),
         format4_written: AtomicBool::new(false),
+        checkpoint_listeners: Default::default(),
     }))
 }
 

@@ -19,6 +19,17 @@ pub struct Settings {
     /// `--other-users-budget`, once given (absent: the default, see `budget`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other_users_budget: Option<crate::history::budget::OthersBudget>,
+    /// `--remote URL` / `checkpointfs remote set`: where checkpoints are pushed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteSetting>,
+}
+
+/// A mount's remote: its URL (which never holds credentials: a URL with any is refused
+/// before it is saved) and the repository key file (kept outside the state dir).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSetting {
+    pub url: String,
+    pub key_file: std::path::PathBuf,
 }
 
 /// The settings saved in `state_dir`, `None` if there are none yet (a state dir made
@@ -65,6 +76,10 @@ mod tests {
                 respect_gitignore: true,
             },
             other_users_budget: Some("10,1M".parse().unwrap()),
+            remote: Some(RemoteSetting {
+                url: "s3://bucket/prefix".into(),
+                key_file: "/root/.config/checkpointfs/remote.key".into(),
+            }),
         };
         save(d.path(), &s).unwrap();
         assert_eq!(load(d.path()), Ok(Some(s)));

@@ -39,6 +39,26 @@ pub struct StatusReport {
     pub other_users: Option<crate::history::budget::OtherUsers>,
     /// The answer for `--path`.
     pub path: Option<PathStatus>,
+    /// The push to the mount's remote, when it has one and a daemon answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteStatus>,
+}
+
+/// How far the push to the remote is behind (docs/remote-format.md). Filled by the
+/// daemon's push worker; it never holds credentials (the URL cannot carry any).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RemoteStatus {
+    pub url: String,
+    /// This state dir's session name in the remote.
+    pub session: String,
+    /// The newest checkpoint in the remote, by id.
+    pub pushed_through: Option<String>,
+    /// Kept checkpoints not yet in the remote.
+    pub unpushed_checkpoints: usize,
+    /// Bytes uploaded since the daemon started.
+    pub uploaded_bytes: u64,
+    /// The last attempt's error, until an attempt succeeds.
+    pub last_error: Option<String>,
 }
 
 /// How a live mount serves file reads and writes.
@@ -275,6 +295,7 @@ impl History {
             io: None,
             other_users: self.budgets().status(),
             path,
+            remote: None,
         })
     }
 

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fs::PassthroughFs;
 use crate::history::logdiff::json_document;
+use crate::mount::remote::RemoteControl;
 
 pub const SOCKET_NAME: &str = "control.sock";
 
@@ -33,8 +34,9 @@ pub const SOCKET_NAME: &str = "control.sock";
 /// formats (`json` on log, diff and status; `stat` on diff; `path_is_dir`) and `gc`. A daemon from
 /// before that sends none (read as 0) and ignores fields it does not know, answering in
 /// text: [`request`] refuses such an answer rather than pass text off as JSON.
-/// 3 added the browse requests (`checkpointfs ui`).
-pub const PROTOCOL: u32 = 3;
+/// 3 added the browse requests (`checkpointfs ui`). 4 added `remote-set`, `remote-push` and
+/// the status report's `remote`.
+pub const PROTOCOL: u32 = 4;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -143,6 +145,16 @@ pub enum Request {
     UndoId {
         id: String,
     },
+    /// `checkpointfs remote set MNT URL` (protocol 4).
+    RemoteSet {
+        url: String,
+        key_file: PathBuf,
+    },
+    /// `checkpointfs remote push MNT [--wait]` (protocol 4): `wait_secs` bounds the wait.
+    RemotePush {
+        #[serde(default)]
+        wait_secs: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -190,6 +202,7 @@ impl Request {
             | Request::BrowsePath { .. }
             | Request::BrowseDiff { .. }
             | Request::UndoId { .. } => 3,
+            Request::RemoteSet { .. } | Request::RemotePush { .. } => 4,
             // An older daemon only sends no progress lines.
             Request::Checkpoint { .. } | Request::Flush | Request::Rewind { .. } => 0,
         }
@@ -246,7 +259,11 @@ impl ControlServer {
 
 /// Starts serving `STATE/control.sock` (`state_dir`) for the mount whose core is `fs`, each
 /// connection on a thread of its own; [`ControlServer::stop`] ends it.
-pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<ControlServer> {
+pub fn start_server(
+    fs: Arc<PassthroughFs>,
+    state_dir: &Path,
+    remote: Arc<RemoteControl>,
+) -> io::Result<ControlServer> {
     let path = state_dir.join(SOCKET_NAME);
     // A socket left by a crashed daemon: nobody listens on it any more.
     if path.exists() && UnixStream::connect(&path).is_err() {
@@ -276,10 +293,12 @@ pub fn start_server(fs: Arc<PassthroughFs>, state_dir: &Path) -> io::Result<Cont
                         // thread so a slow one blocks nothing.
                         let fs = fs.clone();
                         let maintenance = maintenance.clone();
+                        let remote = remote.clone();
                         let spawned = std::thread::Builder::new()
                             .name("control-conn".into())
                             .spawn(move || {
-                                if let Err(e) = serve_connection(&fs, &maintenance, stream) {
+                                if let Err(e) = serve_connection(&fs, &maintenance, &remote, stream)
+                                {
                                     debug!("control connection: {e}");
                                 }
                             });
@@ -414,6 +433,7 @@ fn read_request(stream: &UnixStream) -> Result<Request, String> {
 fn serve_connection(
     fs: &PassthroughFs,
     maintenance: &RwLock<()>,
+    remote: &RemoteControl,
     stream: UnixStream,
 ) -> io::Result<()> {
     if let Err(refusal) = check_peer(fs, &stream) {
@@ -461,6 +481,18 @@ fn serve_connection(
                 | Request::Flush
                 | Request::BrowseHead
                 | Request::UndoId { .. } => handle(fs, req, session, &mut send_progress),
+                // The remote's worker reads through the history's own locks.
+                Request::RemoteSet { .. } | Request::RemotePush { .. } => {
+                    handle_remote(remote, req)
+                }
+                Request::Status { .. } => {
+                    let _shared = maintenance.read().unwrap_or_else(|p| p.into_inner());
+                    let mut response = handle(fs, req, session, &mut send_progress);
+                    if let Some(status) = remote.status() {
+                        add_remote_status(&mut response, status);
+                    }
+                    response
+                }
                 Request::Gc { .. } => {
                     let _alone = maintenance.write().unwrap_or_else(|p| p.into_inner());
                     handle(fs, req, session, &mut send_progress)
@@ -534,6 +566,36 @@ fn rewind_request(
         }
     };
     crate::rewind::rewind(fs, id, opts, &mut step)
+}
+
+/// The remote's requests (see `mount::remote`).
+fn handle_remote(remote: &RemoteControl, req: Request) -> Response {
+    let result = match req {
+        Request::RemoteSet { url, key_file } => {
+            remote.set(crate::history::settings::RemoteSetting { url, key_file })
+        }
+        Request::RemotePush { wait_secs } => remote.push(wait_secs.map(Duration::from_secs)),
+        _ => Err(io::Error::other("not a remote request")),
+    };
+    match result {
+        Ok(out) => Response::ok(out),
+        Err(e) => Response::err(&e),
+    }
+}
+
+/// Puts the push's lag into a status response's report (a JSON document).
+fn add_remote_status(response: &mut Response, status: crate::history::status::RemoteStatus) {
+    if !response.ok {
+        return;
+    }
+    if let Ok(mut report) =
+        serde_json::from_str::<crate::history::status::StatusReport>(&response.output)
+    {
+        report.remote = Some(status);
+        if let Ok(doc) = json_document(&report) {
+            response.output = doc;
+        }
+    }
 }
 
 /// `progress(text, last)` streams a progress line to the client, if it asked for them.
@@ -703,6 +765,9 @@ fn handle(
             .history()
             .flush()
             .and_then(|()| json_document(&fs.history().file_diff_of(&id, &path, &against)?)),
+        Request::RemoteSet { .. } | Request::RemotePush { .. } => Err(io::Error::other(
+            "internal error: a remote request reached the history's handler",
+        )),
     };
     match result {
         Ok(out) => Response::ok(out),

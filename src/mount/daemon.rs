@@ -23,6 +23,8 @@ pub struct DaemonConfig {
     pub other_users_budget: Option<crate::history::budget::OthersBudget>,
     pub options: crate::mount::options::MountOptions,
     pub durability: crate::state::durability::Durability,
+    /// Where checkpoints are pushed (`--remote`, or saved), if anywhere.
+    pub remote: Option<crate::history::settings::RemoteSetting>,
 }
 
 use std::io;
@@ -104,6 +106,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         &crate::history::settings::Settings {
             exclusions: cfg.exclusions.clone(),
             other_users_budget: cfg.other_users_budget,
+            remote: cfg.remote.clone(),
         },
     )?;
     // The owner: the `--owner` user, else whoever mounted (this daemon's user).
@@ -152,7 +155,14 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
             owner: cfg.owner,
         },
     )?);
-    let control = crate::mount::control_socket::start_server(fs.clone(), &cfg.state_dir)?;
+    // The push worker starts before the mount is live: a key that cannot be read or made
+    // refuses the mount, while a remote that cannot be reached is only a lag in `status`.
+    let remote = Arc::new(crate::mount::remote::RemoteControl::new(history.clone()));
+    if let Some(setting) = &cfg.remote {
+        remote.start(setting)?;
+    }
+    let control =
+        crate::mount::control_socket::start_server(fs.clone(), &cfg.state_dir, remote.clone())?;
 
     // A mount for an owner serves requests from that user, not from us: the kernel already
     // admits only the owner's processes (`user_id`/`group_id` of the mount).
@@ -239,6 +249,7 @@ pub fn serve(cfg: DaemonConfig, on_ready: Box<dyn FnOnce() + Send>) -> io::Resul
         }
     );
     control.stop();
+    remote.stop();
     history.shutdown()?;
     if copier.join().is_err() {
         warn!("the background copier panicked; pending copies are redone at the next mount");

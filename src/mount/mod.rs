@@ -20,6 +20,7 @@ pub mod prepare;
     reason = "the per-user mount registry under XDG_RUNTIME_DIR, never SRC"
 )]
 pub mod registry;
+pub mod remote;
 pub mod spawn;
 pub mod unmount;
 pub mod validation;

@@ -50,6 +50,8 @@ pub struct MountRequest {
     /// `--other-users-budget`; `None`: the saved one, or the default.
     pub other_users_budget: Option<OthersBudget>,
     pub durability: Durability,
+    /// `--remote URL` (checked), `--remote-key FILE`; `None`: the saved remote, if any.
+    pub remote: Option<crate::history::settings::RemoteSetting>,
 }
 
 /// Why `mount` did not start a daemon. The message is whole (it names what and why);
@@ -139,6 +141,10 @@ pub fn prepare(req: &MountRequest) -> Result<DaemonConfig, MountError> {
     let other_users_budget = req
         .other_users_budget
         .or(saved.as_ref().and_then(|s| s.other_users_budget));
+    let remote = req
+        .remote
+        .clone()
+        .or(saved.as_ref().and_then(|s| s.remote.clone()));
     let exclusions = exclusions_for_mount(req, saved.map(|s| s.exclusions))
         .map_err(|msg| MountError::Refused(format!("cannot mount: {msg}")))?;
     let owner = req
@@ -164,6 +170,7 @@ pub fn prepare(req: &MountRequest) -> Result<DaemonConfig, MountError> {
         other_users_budget,
         options,
         durability: req.durability,
+        remote,
     })
 }
 

@@ -40,6 +40,7 @@ mod mount_scripts;
 mod open_writers;
 mod owner;
 mod passthrough;
+mod remote;
 mod renames;
 mod reports;
 mod safety;

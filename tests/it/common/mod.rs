@@ -2,6 +2,8 @@
 //! on fresh temporary directories and never leaves a mount or a daemon behind, plus helpers
 //! to run commands and compare trees.
 
+pub mod garage;
+
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Write};
