@@ -590,16 +590,14 @@ impl InodeTable {
         current
     }
 
-    /// The entry of the non-directory at `name` in `parent`, if the table has one that
-    /// was looked up under more than one name (a hard link; invariant 8). One `fstatat`.
-    pub fn entry_named(&self, parent: &Inode, name: &CStr) -> Option<Arc<Inode>> {
-        let dir = parent.fd().ok()?;
-        let st = sys::fstatat(dir.as_fd(), name, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+    /// The entry of the non-directory `st` describes, if the table has one that was looked
+    /// up under more than one name (a hard link; invariant 8).
+    pub fn linked_entry(&self, st: &libc::stat) -> Option<Arc<Inode>> {
         if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return None;
         }
         self.shared
-            .current(ObjectKey::of(&st), st.st_mode & libc::S_IFMT)
+            .current(ObjectKey::of(st), st.st_mode & libc::S_IFMT)
             .filter(|inode| inode.has_other_names())
     }
 

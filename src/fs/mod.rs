@@ -634,20 +634,24 @@ impl PassthroughFs {
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
-            let is_dir = flags & libc::AT_REMOVEDIR != 0;
-            let permit = if is_dir {
-                self.gate.entry_permit(caller, &parent, c, true)?
-            } else {
-                // A file the kernel knows under other names too (a hard link): those are
-                // backed up as well, since their link count changes.
-                let object = self.inodes.entry_named(&parent, c);
-                self.gate
-                    .removal_permit(caller, &parent, c, object.as_deref())?
-            };
+            if flags & libc::AT_REMOVEDIR != 0 {
+                return self.gate.entry_permit(caller, &parent, c, true)?.remove();
+            }
+            // One stat of the name serves both uses: a file the kernel knows under other
+            // names too (a hard link) has those backed up as well, since their link count
+            // changes; and where the table tracks names, the entry keeps a name that stays.
+            let st = parent
+                .fd()
+                .ok()
+                .and_then(|dir| sys::fstatat(dir.as_fd(), c, libc::AT_SYMLINK_NOFOLLOW).ok());
+            let object = st.as_ref().and_then(|st| self.inodes.linked_entry(st));
+            let permit = self
+                .gate
+                .removal_permit(caller, &parent, c, object.as_deref())?;
             if self.inodes.tracks_names()
-                && let Ok(st) = sys::fstatat(permit.dir(), c, libc::AT_SYMLINK_NOFOLLOW)
+                && let Some(st) = &st
             {
-                self.inodes.name_going(&st, &parent, c);
+                self.inodes.name_going(st, &parent, c);
             }
             permit.remove()
         })
