@@ -749,15 +749,7 @@ fn gc_frees_space_on_a_full_state_disk() {
         common::checkpoint(&m, &format!("c{i}"));
     }
     // Fill what is left of the disk.
-    let mut filler = fs::File::create(disk.path().join("filler")).unwrap();
-    let chunk = vec![7u8; 1 << 20];
-    loop {
-        use std::io::Write as _;
-        if let Err(e) = filler.write_all(&chunk).and_then(|()| filler.sync_data()) {
-            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-            break;
-        }
-    }
+    common::fill_disk(&disk.path().join("filler"));
     let err = fs::write(&f, bytes(99, 4 << 20)).unwrap_err();
     assert_eq!(
         err.raw_os_error(),

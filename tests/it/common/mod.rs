@@ -401,6 +401,19 @@ impl Drop for OtherMount {
     }
 }
 
+/// Writes `filler` until its disk is full (ENOSPC, synced: nothing is left for anyone).
+pub fn fill_disk(filler: &Path) {
+    use std::io::Write as _;
+    let mut file = fs::File::create(filler).unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    loop {
+        if let Err(e) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            return;
+        }
+    }
+}
+
 /// `MNT/.checkpoint/at/<id>`: the tree at checkpoint `id`.
 pub fn at(m: &TestMount, id: &str) -> PathBuf {
     m.mnt.join(".checkpoint/at").join(id)
