@@ -77,8 +77,9 @@ impl Quiesced<'_> {
     /// gc in the daemon, keeping memory and the on-disk transcript in step, from `planned`
     /// ([`History::gc`]); the caller also holds the control maintenance lock.
     /// `progress(done, total)` follows the sweep.
-    /// Mutations are admitted again (this guard is consumed) before the packs that held
-    /// removed objects are rewritten: that copy is most of gc's IO, and needs no quiesce.
+    /// Mutations are admitted again (this guard is consumed) before the doomed objects are
+    /// removed and the packs that held some are rewritten: that is most of gc's IO, and
+    /// needs no quiesce (see `store::doomed`).
     pub(super) fn gc(
         self,
         planned: GcPlanned,
@@ -89,10 +90,10 @@ impl Quiesced<'_> {
             _exclusive,
             history,
         } = self;
-        let (report, packs) = history.gc_quiesced(planned, dry_run, progress)?;
+        let (mut report, after) = history.gc_quiesced(planned, dry_run)?;
         drop(_exclusive);
-        if let Some(packs) = packs {
-            packs.finish()?;
+        if let Some(after) = after {
+            after.finish(&mut report, progress)?;
         }
         Ok(report)
     }

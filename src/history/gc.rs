@@ -45,14 +45,14 @@
 //! being rewritten is removed or added meanwhile), still under the maintenance lock.
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use log::info;
 use serde::{Deserialize, Serialize};
 
 use super::model::{Resolved, apply_record, backup_of};
-use super::store::Store;
+use super::store::{Removals, Store};
 use super::{Checkpoint, History, State};
 use crate::transcript::journal::{JOURNAL_FILE_NAME, Journal};
 use crate::transcript::mac::{RecordKey, Signer, read_state_id};
@@ -494,34 +494,11 @@ impl Sweep {
         Ok(sweep)
     }
 
-    /// Deletes the doomed objects ([`Sweep::remove`]), then gives back the space of the
+    /// Deletes the doomed objects ([`Removals::run`]), then gives back the space of the
     /// packed ones ([`compact_packs`]).
-    fn run(&self, store: &Store, progress: &mut dyn FnMut(usize, usize)) -> io::Result<()> {
-        self.remove(store, progress)?;
+    fn run(self, store: &Store, progress: &mut dyn FnMut(usize, usize)) -> io::Result<()> {
+        store.doom(self.doomed).run(progress)?;
         compact_packs(store)
-    }
-
-    /// Deletes the doomed objects: unlinks a file, drops a packed one from its pack's index
-    /// (its bytes stay until [`compact_packs`]). `progress(done, total)` is called as it goes.
-    fn remove(&self, store: &Store, progress: &mut dyn FnMut(usize, usize)) -> io::Result<()> {
-        let total = self.doomed.len();
-        for (i, (name, _)) in self.doomed.iter().enumerate() {
-            match store.remove(name) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!(
-                            "gc: removing store object {name}: {e} (the transcript is already \
-                             compacted; run gc again to remove the rest)"
-                        ),
-                    ));
-                }
-            }
-            progress(i + 1, total);
-        }
-        Ok(())
     }
 
     fn report(&self, plan: &Plan, dry_run: bool, before: u64, after: u64) -> GcReport {
@@ -558,17 +535,37 @@ fn compact_packs(store: &Store) -> io::Result<()> {
 /// The part of a daemon's gc that runs after mutations are admitted again: see
 /// [`History::gc_quiesced`].
 #[must_use = "the packs' space is given back only by `finish`"]
-pub(super) struct PacksToCompact<'h> {
+/// What gc does after its quiesce, with mutations running: the removal of the objects it
+/// doomed, then the rewrite of the packs that held some of them (the bulk of its IO).
+pub(super) struct AfterQuiesce<'h> {
     store: &'h Store,
+    removals: Removals<'h>,
+    /// Made again once the removals have given space back (dropped after them).
+    _reserve: ReserveReleased,
 }
 
-impl PacksToCompact<'_> {
-    /// Rewrites the packs that held the removed objects (the bulk of gc's IO), with
-    /// mutations running.
-    pub fn finish(self) -> io::Result<()> {
+impl AfterQuiesce<'_> {
+    /// Removes the doomed objects and compacts the packs; corrects `report` for the objects
+    /// a put claimed meanwhile (kept). `progress(done, total)` follows the removals.
+    pub fn finish(
+        self,
+        report: &mut GcReport,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> io::Result<()> {
         let started = std::time::Instant::now();
+        let (removed, bytes) = self.removals.run(progress)?;
+        let claimed = report.objects_removed - removed;
+        report.objects_kept += claimed;
+        report.bytes_kept += report.bytes_freed - bytes;
+        report.objects_removed = removed;
+        report.bytes_freed = bytes;
+        let removing = started.elapsed();
         compact_packs(self.store)?;
-        info!("gc: packs compacted in {:?}", started.elapsed());
+        info!(
+            "gc: with mutations running, removed {removed} objects in {removing:?} ({claimed} \
+             kept: stored again meanwhile), then compacted the packs in {:?}",
+            started.elapsed() - removing
+        );
         Ok(())
     }
 }
@@ -585,25 +582,25 @@ fn transcript_len(records: &[Record]) -> io::Result<u64> {
 /// gc's hold on the state dir's reserve ([`crate::state::reserve`]): made when gc is about to
 /// write, it deletes the reserve so that gc's writes find room on a full disk; dropped (gc
 /// done, or failed), it makes the reserve again, sized for the transcript as it is then.
-struct ReserveReleased<'a> {
-    state_dir: &'a Path,
-    transcript: &'a Path,
+struct ReserveReleased {
+    state_dir: PathBuf,
+    transcript: PathBuf,
 }
 
-impl<'a> ReserveReleased<'a> {
-    fn new(state_dir: &'a Path, transcript: &'a Path) -> io::Result<Self> {
+impl ReserveReleased {
+    fn new(state_dir: &Path, transcript: &Path) -> io::Result<Self> {
         crate::state::reserve::release(state_dir)?;
         Ok(ReserveReleased {
-            state_dir,
-            transcript,
+            state_dir: state_dir.to_path_buf(),
+            transcript: transcript.to_path_buf(),
         })
     }
 }
 
-impl Drop for ReserveReleased<'_> {
+impl Drop for ReserveReleased {
     fn drop(&mut self) {
-        let len = file_len(self.transcript).unwrap_or(0);
-        crate::state::reserve::renew(self.state_dir, len);
+        let len = file_len(&self.transcript).unwrap_or(0);
+        crate::state::reserve::renew(&self.state_dir, len);
     }
 }
 
@@ -680,17 +677,16 @@ impl History {
 
     /// gc in the daemon, for [`super::Quiesced::gc`] (every mutation excluded): the records
     /// appended since `planned` carried into its compacted transcript, which replaces the
-    /// transcript, memory swapped to it, the unreferenced objects removed. What is left, the
-    /// rewrite of the packs that held removed objects, is returned, for the caller to run
-    /// once mutations are admitted again. So the pause of mutations is what was appended
-    /// while gc planned, the compacted transcript's write and replay, and one removal per
-    /// object: not the reading and planning of the whole history, nor the packs' copying.
+    /// transcript, memory swapped to it, the unreferenced objects doomed. What is left, their
+    /// removal and the rewrite of the packs that held some, is returned, for the caller to
+    /// run once mutations are admitted again. So the pause of mutations is what was appended
+    /// while gc planned, and the compacted transcript's write and replay: not the reading
+    /// and planning of the whole history, nor a removal per object, nor the packs' copying.
     pub(super) fn gc_quiesced(
         &self,
         planned: GcPlanned,
         dry_run: bool,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> io::Result<(GcReport, Option<PacksToCompact<'_>>)> {
+    ) -> io::Result<(GcReport, Option<AfterQuiesce<'_>>)> {
         let rec = self.recorder()?;
         // Mutations are excluded (quiesced) and fills paused, so nothing but gc changes the
         // history until `_paused` goes: the IO below runs with `state` unlocked, and views
@@ -752,13 +748,13 @@ impl History {
         }
         failpoint("gc-after-rename");
         let rewritten = started.elapsed();
-        // With every mutation excluded and no fill running, so that no put can name an
-        // object the removal is deleting (a put after it stores the content again).
-        sweep.remove(&self.store, progress)?;
+        // Doomed with every mutation excluded and no fill running, so that every put from
+        // now on sees the doom (and claims what it reuses); removed after the quiesce.
+        let removals = self.store.doom(sweep.doomed);
         info!(
-            "gc: dropped {} checkpoints, removed {} objects ({} bytes); planned in {:?} with \
+            "gc: dropped {} checkpoints, {} objects ({} bytes) to remove; planned in {:?} with \
              mutations running, then mutations held for {:?} (what was appended meanwhile \
-             carried {carried:?}, transcript rewritten and adopted {:?}, objects removed {:?})",
+             carried {carried:?}, transcript rewritten and adopted {:?}, objects doomed {:?})",
             report.dropped.len(),
             report.objects_removed,
             report.bytes_freed,
@@ -767,7 +763,12 @@ impl History {
             rewritten - carried,
             started.elapsed() - rewritten,
         );
-        Ok((report, Some(PacksToCompact { store: &self.store })))
+        let after = AfterQuiesce {
+            store: &self.store,
+            removals,
+            _reserve,
+        };
+        Ok((report, Some(after)))
     }
 }
 

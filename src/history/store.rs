@@ -50,7 +50,9 @@
 //!
 //! Removal ([`Store::remove`]) is not coordinated with puts: a caller that garbage-collects
 //! objects must make sure nothing still refers to them (a put that reports `reused` relies on
-//! the existing object staying).
+//! the existing object staying). gc's removals are: it dooms the objects with mutations
+//! excluded ([`Store::doom`]) and removes them with mutations running ([`Removals::run`]);
+//! a put of a doomed object's content meanwhile claims it, and gc keeps it (see [`doomed`]).
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -67,6 +69,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use base16ct::lower as hex;
 use sha2::{Digest, Sha256};
 
+mod doomed;
 mod linked;
 mod pack;
 
@@ -108,6 +111,56 @@ pub struct Store {
     /// Objects up to this size go into a pack (`None`: none do, for tests of the plain-file
     /// path).
     pack_limit: Option<u64>,
+    /// What gc is removing: every put claims its content's name here before it looks for
+    /// an existing object.
+    doomed: doomed::Doomed,
+}
+
+/// Objects gc doomed ([`Store::doom`]), to remove with mutations running. Dropped before
+/// [`Removals::run`] ends (an error, a panic), the objects not yet removed are kept.
+pub struct Removals<'s> {
+    store: &'s Store,
+    objects: Vec<(String, u64)>,
+}
+
+impl Removals<'_> {
+    /// Removes each object no put has claimed since it was doomed; returns how many were
+    /// removed and their bytes. `progress(done, total)` is called as it goes.
+    pub fn run(self, progress: &mut dyn FnMut(usize, usize)) -> io::Result<(usize, u64)> {
+        let (mut removed, mut bytes) = (0, 0);
+        let total = self.objects.len();
+        for (i, (name, size)) in self.objects.iter().enumerate() {
+            if self.store.doomed.begin_removal(name) {
+                let result = self.store.remove(name);
+                self.store.doomed.end_removal(name);
+                match result {
+                    Ok(()) => {
+                        removed += 1;
+                        bytes += size;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!(
+                                "gc: removing store object {name} in {}: {e} (the transcript \
+                                 is already compacted; run gc again to remove the rest)",
+                                self.store.dir.display()
+                            ),
+                        ));
+                    }
+                }
+            }
+            progress(i + 1, total);
+        }
+        Ok((removed, bytes))
+    }
+}
+
+impl Drop for Removals<'_> {
+    fn drop(&mut self) {
+        self.store.doomed.clear();
+    }
 }
 
 /// When a put's object reaches the disk (see invariant 2).
@@ -202,6 +255,7 @@ impl Store {
             unsynced: Mutex::new(Vec::new()),
             packs,
             pack_limit: Some(pack::MAX_ENTRY),
+            doomed: doomed::Doomed::default(),
         };
         store.remove_stale_temps()?;
         if policy != SyncPolicy::EachPut {
@@ -383,6 +437,19 @@ impl Store {
         }
         matches!(stat_at(&self.dir_fd, &cname), Ok(Some(st)) if is_regular(&st))
             || digest.is_some_and(|d| self.packs.contains(&self.dir_fd, &d, true))
+    }
+
+    /// gc, with mutations excluded: `objects` (name, size) are to be removed, by
+    /// [`Removals::run`] once mutations run again. Until then, and while each is being
+    /// removed, a put of the same content keeps the object (it claims it) or waits for it to
+    /// be gone and stores it again, so no put ever reports `reused` for a removed object.
+    pub fn doom(&self, objects: Vec<(String, u64)>) -> Removals<'_> {
+        self.doomed
+            .mark(objects.iter().map(|(name, _)| name.clone()));
+        Removals {
+            store: self,
+            objects,
+        }
     }
 
     /// Removes an object: unlinks its file, or drops a packed one from the index (its bytes
@@ -571,9 +638,11 @@ impl Store {
 
     fn put_packed(&self, data: &[u8]) -> io::Result<StoredObject> {
         let digest: [u8; 32] = Sha256::digest(data).into();
+        let name = hex::encode_string(&digest);
+        self.doomed.claim(&name);
         let reused = self.packs.put(&self.dir_fd, &digest, data, self.policy)?;
         Ok(StoredObject {
-            name: hex::encode_string(&digest),
+            name,
             size: data.len() as u64,
             reused,
             method: if reused {
@@ -656,6 +725,7 @@ impl Store {
         }
         let name = hex::encode_string(&hasher.finalize());
         let cname = object_cname(&name)?;
+        self.doomed.claim(&name);
 
         let reused = match stat_at(&self.dir_fd, &cname)? {
             Some(st) if is_regular(&st) && u64::try_from(st.st_size).ok() == Some(size) => {
@@ -1401,6 +1471,54 @@ mod tests {
                 assert_eq!(content_hash(&src).expect("hash"), obj.name);
             }
         }
+    }
+
+    /// gc dooms objects with mutations excluded and removes them with mutations running: a
+    /// put of a doomed object's content in between keeps it (`reused` stays true, the object
+    /// stays), and a put after the removal stores the content again. Packed and plain.
+    #[test]
+    fn a_put_between_doom_and_removal_keeps_the_object() {
+        for packs in [true, false] {
+            let (_tmp, store) = setup();
+            let store = if packs { store } else { store.without_packs() };
+            let kept = store.put_bytes(b"stored again meanwhile").expect("put");
+            let gone = store.put_bytes(b"removed").expect("put");
+            let removals = store.doom(vec![
+                (kept.name.clone(), kept.size),
+                (gone.name.clone(), gone.size),
+            ]);
+            let again = store.put_bytes(b"stored again meanwhile").expect("put");
+            assert!(again.reused, "packs {packs}");
+            let mut seen = Vec::new();
+            let (removed, bytes) = removals
+                .run(&mut |done, total| seen.push((done, total)))
+                .expect("run");
+            assert_eq!((removed, bytes), (1, gone.size), "packs {packs}");
+            assert_eq!(seen, [(1, 2), (2, 2)]);
+            assert!(store.contains(&kept.name), "packs {packs}");
+            assert_eq!(
+                store.read_object(&kept.name).expect("read"),
+                b"stored again meanwhile"
+            );
+            assert!(!store.contains(&gone.name), "packs {packs}");
+            let back = store.put_bytes(b"removed").expect("put");
+            assert!(!back.reused, "removed, so stored anew (packs {packs})");
+            assert_eq!(store.read_object(&gone.name).expect("read"), b"removed");
+        }
+    }
+
+    /// Removals dropped before they ran (gc failed after dooming) keep every object, and
+    /// leave nothing doomed for later puts.
+    #[test]
+    fn removals_dropped_unrun_keep_everything() {
+        let (_tmp, store) = setup();
+        let a = store.put_bytes(b"a").expect("put");
+        drop(store.doom(vec![(a.name.clone(), a.size)]));
+        assert!(store.contains(&a.name));
+        assert!(store.put_bytes(b"a").expect("put").reused);
+        let (removed, _) = store.doom(Vec::new()).run(&mut |_, _| {}).expect("run");
+        assert_eq!(removed, 0);
+        assert!(store.contains(&a.name));
     }
 
     #[test]

@@ -101,6 +101,7 @@ impl Store {
                 method: CopyMethod::Existing,
             }))
         };
+        self.doomed.claim(&name);
         if self.contains(&name) {
             return stored_already(name);
         }
