@@ -243,11 +243,16 @@ xfstests_fixes_no_passthrough() {
 # failed on a fresh machine while another job dropped the caches: the daemon's own reads
 # through SRC's read-write mount updated atimes. Run it while caches are dropped every 50 ms.
 xfstests_003_dropping_caches() {
-    local dropper rc=0
-    ( while :; do echo 3 > /proc/sys/vm/drop_caches; sleep 0.05; done ) &
+    local dropper rc=0 stop="$TEST_ROOT/stop-dropping-caches"
+    # Stopped by a file, not a signal: the loop must never outlive the step (a loop left
+    # dropping caches makes every later test that relies on the kernel's caches flaky).
+    rm -f "$stop"
+    ( while [[ ! -e $stop ]]; do echo 3 > /proc/sys/vm/drop_caches; sleep 0.05; done ) &
     dropper=$!
     XFSTESTS_TESTS="generic/003" posix xfstests-003-drop-caches --only xfstests || rc=$?
-    kill "$dropper" 2>/dev/null; wait "$dropper" 2>/dev/null || true
+    touch "$stop"
+    wait "$dropper" || true
+    rm -f "$stop"
     return "$rc"
 }
 
