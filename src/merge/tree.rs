@@ -91,6 +91,16 @@ impl DirTree {
         })
     }
 
+    /// The tree beneath `root`, a directory fd (O_PATH is enough) the caller opened, e.g.
+    /// SRC's root fd in the daemon; `path` is for messages only.
+    pub fn at(side: Side, root: OwnedFd, path: &Path) -> DirTree {
+        DirTree {
+            side,
+            root,
+            path: path.to_path_buf(),
+        }
+    }
+
     /// The directory this tree reads.
     pub fn path(&self) -> &Path {
         &self.path
