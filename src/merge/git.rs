@@ -164,7 +164,7 @@ pub(super) fn union(
     let mut repos: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for rel in planner.input.changed_theirs {
         if let Some((dir, inside)) = git_dir_of(rel)
-            && planner.is_merged_as_repository(rel)
+            && planner.is_merged_as_repository(rel)?
         {
             repos
                 .entry(dir.to_string())

@@ -447,14 +447,17 @@ impl<'a> Planner<'a> {
     /// The candidate paths: both sets, without git dirs' insides (see [`git`]), plus the
     /// entries of directories whose content must be created or removed whole.
     fn candidates(&mut self) -> Result<BTreeSet<String>, MergeError> {
-        let mut queue: Vec<String> = self
+        let mut queue = Vec::new();
+        for p in self
             .input
             .changed_ours
             .iter()
             .chain(self.input.changed_theirs)
-            .filter(|p| !self.is_merged_as_repository(p))
-            .cloned()
-            .collect();
+        {
+            if !self.is_merged_as_repository(p)? {
+                queue.push(p.clone());
+            }
+        }
         let mut out = BTreeSet::new();
         while let Some(rel) = queue.pop() {
             if !out.insert(rel.clone()) {
@@ -475,7 +478,7 @@ impl<'a> Planner<'a> {
             for side in list {
                 for name in self.tree(side).list(&rel)? {
                     let c = child(&rel, &name);
-                    if !self.is_merged_as_repository(&c) {
+                    if !self.is_merged_as_repository(&c)? {
                         queue.push(c);
                     }
                 }
@@ -487,12 +490,12 @@ impl<'a> Planner<'a> {
     /// Whether `rel` is in a git dir merged as a repository (the union in [`git`]) rather
     /// than path by path: one ours has as a directory, or base had. (A repository only the
     /// branch has is new, and taken path by path like any new directory.)
-    fn is_merged_as_repository(&self, rel: &str) -> bool {
+    fn is_merged_as_repository(&mut self, rel: &str) -> Result<bool, MergeError> {
         let Some((dir, _)) = git_dir_of(rel) else {
-            return false;
+            return Ok(false);
         };
-        matches!(self.input.ours.node(dir), Ok(Some(n)) if n.kind == NodeKind::Dir)
-            || matches!(self.input.base.node(dir), Ok(Some(_)))
+        let n = self.nodes(dir)?;
+        Ok(n.ours.is_some_and(|o| o.kind == NodeKind::Dir) || n.base.is_some())
     }
 
     fn decide(&mut self, rel: &str, conflicts: &mut Vec<Conflict>) -> Result<Decision, MergeError> {

@@ -1026,3 +1026,78 @@ fn the_cost_grows_with_what_changed_not_with_the_tree() {
         "{calls} calls to the trees for 3 changed paths"
     );
 }
+
+#[test]
+fn a_symlink_in_the_way_is_never_followed() {
+    let l = Layout::new();
+    let outside = l._dir.path().join("outside");
+    write(&outside, "f.txt", b"not the tree's\n");
+    write(&l.base, "d/f.txt", b"base\n");
+    l.fork();
+    // Ours swaps directory d for a symlink to a directory outside with the same names;
+    // theirs changes d/f.txt.
+    fs::remove_dir_all(l.mnt.join("d")).unwrap();
+    symlink(&outside, l.mnt.join("d")).unwrap();
+    write(&l.theirs, "d/f.txt", b"theirs\n");
+    let outcome = l.plan(ConflictMode::Refuse).unwrap();
+    let c = conflict_at(&outcome, "d/f.txt");
+    assert_eq!(
+        c.kind,
+        ConflictKind::DirectoryRemoved {
+            dir: "d".into(),
+            removed_in: Side::Ours
+        },
+        "ours has no d/f.txt: d is a symlink there, not followed"
+    );
+    assert_eq!(outcome.plan.changes, vec![]);
+    assert_eq!(
+        fs::read(outside.join("f.txt")).unwrap(),
+        b"not the tree's\n"
+    );
+}
+
+#[test]
+fn a_branch_name_with_slashes_becomes_a_nested_ref() {
+    let l = Layout::new();
+    repo_with(&l.base, &[("a.txt", "a\n")]);
+    l.fork();
+    write(&l.theirs, "b.txt", b"b\n");
+    git(&l.theirs, &["add", "."]);
+    git(&l.theirs, &["commit", "-qm", "branch's"]);
+    let (base, ours, theirs) = (
+        DirTree::open(Side::Base, &l.base).unwrap(),
+        DirTree::open(Side::Ours, &l.mnt).unwrap(),
+        DirTree::open(Side::Theirs, &l.theirs).unwrap(),
+    );
+    let (none, changed_theirs) = (BTreeSet::new(), changed(&l.base, &l.theirs));
+    let input = |branch| MergeInput {
+        base: &base,
+        ours: &ours,
+        theirs: &theirs,
+        changed_ours: &none,
+        changed_theirs: &changed_theirs,
+        branch,
+        mount: &l.mnt,
+        mode: ConflictMode::Refuse,
+    };
+    let e = plan_merge(&input("bad..name")).unwrap_err();
+    assert!(matches!(e, MergeError::BadRefName { .. }), "{e:?}");
+    assert_eq!(e.errno(), libc::EINVAL);
+    let outcome = plan_merge(&input("agents/a")).unwrap();
+    assert_eq!(outcome.conflicts, vec![]);
+    let tail: Vec<&str> = outcome
+        .plan
+        .changes
+        .iter()
+        .rev()
+        .take(2)
+        .map(Change::path)
+        .collect();
+    assert_eq!(tail, [".git/refs/heads/agents/a", ".git/refs/heads/agents"]);
+    l.apply(&outcome.plan);
+    git(&l.mnt, &["fsck", "--full", "--strict"]);
+    assert_eq!(
+        git(&l.mnt, &["rev-parse", "agents/a"]),
+        git(&l.theirs, &["rev-parse", "HEAD"])
+    );
+}
