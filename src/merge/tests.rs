@@ -1101,3 +1101,37 @@ fn a_branch_name_with_slashes_becomes_a_nested_ref() {
         git(&l.theirs, &["rev-parse", "HEAD"])
     );
 }
+
+/// Known divergence from git, pinned so a fix shows: two conflicts with at most 3 unchanged
+/// lines between them git joins into one (`xdl_simplify_non_conflicts`); diffy keeps them
+/// apart. Both are valid conflicts, marked the same way, and flagged by `git diff --check`.
+/// Conflicts further apart, or with a line holding a letter or digit more than 3 lines
+/// away, come out as git's (`markers_equal_git_merge_file_and_git_diff_check_flags_them`).
+#[test]
+fn conflicts_within_three_lines_stay_apart_unlike_git() {
+    let (b, o, t): (&[u8], &[u8], &[u8]) = (
+        b"a\nb\nc\nd\ne\nf\n",
+        b"a\nX\nc\nd\nY\nf\n",
+        b"a\nP\nc\nd\nQ\nf\n",
+    );
+    let m = text::merge(b, o, t, "main", NAME);
+    assert_eq!(
+        String::from_utf8(m.merged).unwrap(),
+        "a\n<<<<<<< main\nX\n=======\nP\n>>>>>>> agent-a\nc\nd\n\
+         <<<<<<< main\nY\n=======\nQ\n>>>>>>> agent-a\nf\n"
+    );
+    assert_eq!(
+        String::from_utf8(git_merge_file(o, b, t, true).0).unwrap(),
+        "a\n<<<<<<< main\nX\nc\nd\nY\n=======\nP\nc\nd\nQ\n>>>>>>> agent-a\nf\n"
+    );
+    // A conflict whose sides share a middle line stays one conflict, as in git.
+    let (b, o, t): (&[u8], &[u8], &[u8]) = (
+        b"a\nb\nc\nd\ne\n",
+        b"a\n1\nSAME\n2\ne\n",
+        b"a\n3\nSAME\n4\ne\n",
+    );
+    assert_eq!(
+        text::merge(b, o, t, "main", NAME).merged,
+        git_merge_file(o, b, t, true).0
+    );
+}
