@@ -1102,36 +1102,88 @@ fn a_branch_name_with_slashes_becomes_a_nested_ref() {
     );
 }
 
-/// Known divergence from git, pinned so a fix shows: two conflicts with at most 3 unchanged
-/// lines between them git joins into one (`xdl_simplify_non_conflicts`); diffy keeps them
-/// apart. Both are valid conflicts, marked the same way, and flagged by `git diff --check`.
-/// Conflicts further apart, or with a line holding a letter or digit more than 3 lines
-/// away, come out as git's (`markers_equal_git_merge_file_and_git_diff_check_flags_them`).
+/// Git joins two conflicts with at most 3 unchanged lines between them, or more that hold
+/// no letter or digit, into one (`xdl_simplify_non_conflicts`), counting lines the
+/// conflicts' sides share at their facing edges; a change of either side between them
+/// keeps them apart. The same here, compared with git on each case.
 #[test]
-fn conflicts_within_three_lines_stay_apart_unlike_git() {
-    let (b, o, t): (&[u8], &[u8], &[u8]) = (
-        b"a\nb\nc\nd\ne\nf\n",
-        b"a\nX\nc\nd\nY\nf\n",
-        b"a\nP\nc\nd\nQ\nf\n",
-    );
-    let m = text::merge(b, o, t, "main", NAME);
+fn close_conflicts_join_as_in_git() {
+    let cases: [(&str, &str, &str); 6] = [
+        // 2 unchanged lines between: one conflict.
+        (
+            "a\nb\nc\nd\ne\nf\n",
+            "a\nX\nc\nd\nY\nf\n",
+            "a\nP\nc\nd\nQ\nf\n",
+        ),
+        // 4 between: two.
+        (
+            "a\nb\n1\n2\n3\n4\ne\nf\n",
+            "a\nX\n1\n2\n3\n4\nY\nf\n",
+            "a\nP\n1\n2\n3\n4\nQ\nf\n",
+        ),
+        // 5 between without a letter or digit: one.
+        (
+            "a\nb\n}\n}\n}\n}\n}\ne\nf\n",
+            "a\nX\n}\n}\n}\n}\n}\nY\nf\n",
+            "a\nP\n}\n}\n}\n}\n}\nQ\nf\n",
+        ),
+        // A change of ours between: two, and that change taken.
+        (
+            "a\nb\nc\nd\ne\nf\n",
+            "a\nX\nC\nd\nY\nf\n",
+            "a\nP\nc\nd\nQ\nf\n",
+        ),
+        // The sides share a middle line: one conflict.
+        (
+            "a\nb\nc\nd\ne\n",
+            "a\n1\nSAME\n2\ne\n",
+            "a\n3\nSAME\n4\ne\n",
+        ),
+        // They share a line at the edge: moved out.
+        ("a\nb\nc\ne\n", "a\nX\nCOMMON\ne\n", "a\nY\nCOMMON\ne\n"),
+    ];
+    for (b, o, t) in cases {
+        let m = text::merge(b.as_bytes(), o.as_bytes(), t.as_bytes(), "main", NAME);
+        let git = git_merge_file(o.as_bytes(), b.as_bytes(), t.as_bytes(), true).0;
+        assert_eq!(
+            String::from_utf8(m.merged).unwrap(),
+            String::from_utf8(git).unwrap()
+        );
+    }
+}
+
+/// Random small edits on both sides, overlapping, adjacent or apart, on files of distinct
+/// lines: the line merge, and whether it conflicts, equal `git merge-file`'s on each. (With
+/// repeated lines, where a diff can align a change to either copy, diffy and git's xdiff
+/// may choose differently: see docs/design.md, "Merging a branch".)
+#[test]
+fn random_three_way_merges_equal_git_merge_file() {
+    let mut rng = Rng(0x5eed_0004);
+    let mut differ = Vec::new();
+    for case in 0..1000 {
+        let len = 8 + rng.below(12);
+        let base = base_text(&mut rng, case, len);
+        let mut side = |tag: &str| {
+            let mut v = base.clone();
+            for _ in 0..1 + rng.below(3) {
+                let at = rng.below(v.len());
+                let len = rng.below(3).min(v.len() - at);
+                let by = rng.below(3);
+                v = edit(&v, at, len, by, tag, &mut rng);
+            }
+            v.concat().into_bytes()
+        };
+        let (o, t) = (side("ours"), side("theirs"));
+        let b = base.concat().into_bytes();
+        let m = text::merge(&b, &o, &t, "main", NAME);
+        let (git, conflicted) = git_merge_file(&o, &b, &t, true);
+        if m.merged != git || conflicted == m.hunks.is_empty() {
+            differ.push(case);
+        }
+    }
     assert_eq!(
-        String::from_utf8(m.merged).unwrap(),
-        "a\n<<<<<<< main\nX\n=======\nP\n>>>>>>> agent-a\nc\nd\n\
-         <<<<<<< main\nY\n=======\nQ\n>>>>>>> agent-a\nf\n"
-    );
-    assert_eq!(
-        String::from_utf8(git_merge_file(o, b, t, true).0).unwrap(),
-        "a\n<<<<<<< main\nX\nc\nd\nY\n=======\nP\nc\nd\nQ\n>>>>>>> agent-a\nf\n"
-    );
-    // A conflict whose sides share a middle line stays one conflict, as in git.
-    let (b, o, t): (&[u8], &[u8], &[u8]) = (
-        b"a\nb\nc\nd\ne\n",
-        b"a\n1\nSAME\n2\ne\n",
-        b"a\n3\nSAME\n4\ne\n",
-    );
-    assert_eq!(
-        text::merge(b, o, t, "main", NAME).merged,
-        git_merge_file(o, b, t, true).0
+        differ,
+        Vec::<usize>::new(),
+        "cases whose merge differs from git's"
     );
 }
