@@ -9,6 +9,7 @@
 //! | [`mount`] | validation, options, spawn, the daemon, unmount, watchdog, registry, control socket |
 //! | [`transport`] | the FUSE wire: the adapter between the kernel's requests and the core |
 //! | [`rewind`] | a rewind's plan, executed through the passthrough core's gate |
+//! | [`merge`] | a branch's three-way merge back into the main tree, as a plan (no mount) |
 //! | [`fs`] | the passthrough core, the virtual `.checkpoint/` tree, the mutation gate |
 //! | [`history`] | Layer 1, checkpoints, the store, views, gc, reports' facts |
 //! | [`remote`] | checkpoints pushed to an object store (docs/remote-format.md) |
@@ -44,6 +45,7 @@ pub(crate) mod cli;
 // outside the crate, and must fail for the gate's own reasons.
 pub mod fs;
 pub(crate) mod history;
+pub(crate) mod merge;
 pub(crate) mod mount;
 pub(crate) mod remote;
 pub(crate) mod rewind;

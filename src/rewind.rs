@@ -22,7 +22,7 @@ use crate::fs::inodes::ROOT_INO;
 use crate::fs::virt::file_type_of;
 use crate::fs::{Entry, PassthroughFs, SetAttr};
 use crate::history::logdiff::SessionChanges;
-use crate::history::quote::{quote_bytes, quote_name};
+use crate::history::quote::{quote_bytes, quote_name, shell_word};
 use crate::history::{CONTROL_DIR_NAME, Caller, ViewContent, ViewEntry, split_parent};
 use crate::history::{History, agent_state, xattrs};
 use crate::sys::{self, FsCredsGuard, errno};
@@ -317,37 +317,6 @@ pub struct RewindOptions {
     /// The agent session of whoever asked for the rewind, if any: its `ID:before-rewind`
     /// checkpoint is recorded under it, as a checkpoint that process took itself would be.
     pub checkpoint_session: Option<String>,
-}
-
-/// A word for a POSIX shell: as it is when it needs no quoting, else in single quotes, or,
-/// when it holds a control character (which must not reach the terminal raw), in `$'...'`
-/// with octal escapes (bash, zsh, ksh and POSIX.1-2024 shells read it back as the same word).
-fn shell_word(w: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "._:@/=+,-%".contains(c);
-    if !w.is_empty() && w.chars().all(plain) {
-        w.to_string()
-    } else if w.chars().any(char::is_control) {
-        let mut out = String::from("$'");
-        for c in w.chars() {
-            match c {
-                '\\' | '\'' => {
-                    out.push('\\');
-                    out.push(c);
-                }
-                c if c.is_control() => {
-                    let mut buf = [0; 4];
-                    for b in c.encode_utf8(&mut buf).bytes() {
-                        out.push_str(&format!("\\{b:03o}"));
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        out.push('\'');
-        out
-    } else {
-        format!("'{}'", w.replace('\'', r"'\''"))
-    }
 }
 
 /// The command that runs this session rewind again, as the user typed it, but `--force`

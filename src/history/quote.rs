@@ -127,6 +127,37 @@ fn push_valid(out: &mut String, s: &str) {
     }
 }
 
+/// A word for a POSIX shell: as it is when it needs no quoting, else in single quotes, or,
+/// when it holds a control character (which must not reach the terminal raw), in `$'...'`
+/// with octal escapes (bash, zsh, ksh and POSIX.1-2024 shells read it back as the same word).
+pub fn shell_word(w: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "._:@/=+,-%".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        w.to_string()
+    } else if w.chars().any(char::is_control) {
+        let mut out = String::from("$'");
+        for c in w.chars() {
+            match c {
+                '\\' | '\'' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                c if c.is_control() => {
+                    let mut buf = [0; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("\\{b:03o}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('\'');
+        out
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,8 +18,9 @@ const LAYERS: &[&[&str]] = &[
     // mounting and serving: validation, options, spawn, daemon, unmount, watchdog, registry,
     // the control socket
     &["mount"],
-    // the FUSE wire; a rewind's plan executed through the core; (reserved) the remote store
-    &["transport", "rewind", "remote"],
+    // the FUSE wire; a rewind's plan executed through the core; (reserved) the remote store;
+    // a branch's three-way merge, planned
+    &["transport", "rewind", "remote", "merge"],
     // the passthrough core, the virtual .checkpoint/ tree, the mutation gate
     &["fs"],
     // the file-history system: Layer 1, checkpoints, store, views, gc, reports' facts
