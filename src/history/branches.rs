@@ -154,16 +154,19 @@ impl Branch {
     fn stat_in(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<libc::stat>> {
         match sys::fstatat(dir, &cstr(name)?, libc::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => Ok(Some(st)),
-            // ENAMETOOLONG: the whiteout of a name of more than 251 bytes cannot exist.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENAMETOOLONG)) => {
-                Ok(None)
-            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
+    /// Whether the layer's own name `name` (a whiteout, a marker) is in `dir`. The whiteout
+    /// of a name of more than 251 bytes cannot exist (ENAMETOOLONG): no.
     fn has(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
-        Ok(Self::stat_in(dir, name)?.is_some())
+        match Self::stat_in(dir, name) {
+            Ok(found) => Ok(found.is_some()),
+            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// `rel` in the merged tree (invariant 3), `None` when absent. One walk down the upper,
