@@ -16,9 +16,13 @@ Measures, in one run on the same disk:
                                   SRC, as Gemini CLI and Cline checkpoint)
   rewind                          `checkpointfs rewind` undoing the K changes, vs
                                   `git checkout -f` of the shadow commit
+  branch_create_at / _now / drop  `checkpointfs branch create --at ID`, without --at (a
+                                  checkpoint first), and `branch drop` on the N-file tree, vs
+                                  `git worktree add` of the shadow repository
   store_bytes                     bytes in the store vs the unique content it holds
-Bars: marker at least 10x faster than the shadow-git commit; store no larger than the
-unique content it holds. Defaults: N=10000, K=100. Needs root (FUSE mount).
+Bars: marker at least 10x faster than the shadow-git commit; branch create --at within
+50 ms; store no larger than the unique content it holds. For issue 27's figure run with
+--files 100000. Defaults: N=10000, K=100. Needs root (FUSE mount).
 EOF
 }
 
@@ -121,6 +125,16 @@ python3 -c "$change_k" "$MNT/tree" "$CHANGED"
 gitrw=$(ms git --git-dir="$G" --work-tree="$W/src/tree" checkout -qf HEAD -- .)
 row "rewind" "${gitrw} ms" "${rw} ms" "$(ratio "$rw" "$gitrw")" "(git checkout -f / checkpointfs rewind of $CHANGED files)"
 
+# ---- branches: creation is O(1) in the tree ---------------------------------------------------
+bat=$(ms "$BIN" branch create "$MNT" bench-at --at marker)
+bnow=$(ms "$BIN" branch create "$MNT" bench-now)
+bdrop=$(ms "$BIN" branch drop "$MNT" bench-at)
+"$BIN" branch drop "$MNT" bench-now >/dev/null
+gitwt=$(ms git --git-dir="$G" worktree add -q --detach "$W/worktree" HEAD)
+row "branch_create_at" "${gitwt} ms" "${bat} ms" "$(ratio "$gitwt" "$bat")" "(git worktree add / branch create --at, $FILES files; bar <= 50 ms)"
+row "branch_create_now" "${gitwt} ms" "${bnow} ms" "$(ratio "$gitwt" "$bnow")" "(git worktree add / branch create with its checkpoint)"
+row "branch_drop" "-" "${bdrop} ms" "-" "(gc frees the storage later)"
+
 # ---- store size vs unique content -----------------------------------------------------------
 "$BIN" umount "$MNT"
 objects_list=$(python3 "$ROOT/scripts/lib/store-objects.py" "$W/state/backups")
@@ -131,4 +145,7 @@ row "store_bytes" "-" "$store" "-" "($objects objects, $unique distinct contents
 awk -v s="$shadow" -v m="$marker" 'BEGIN { exit !(s >= 10 * m) }' \
     && echo "bar: marker >= 10x faster than shadow git: PASS" \
     || echo "bar: marker >= 10x faster than shadow git: FAIL"
+awk -v b="$bat" 'BEGIN { exit !(b <= 50) }' \
+    && echo "bar: branch create --at within 50 ms: PASS" \
+    || echo "bar: branch create --at within 50 ms: FAIL"
 [[ $objects == "$unique" ]] && echo "bar: store holds no duplicate content: PASS" || echo "bar: store holds no duplicate content: FAIL"

@@ -114,6 +114,20 @@ pub fn checkpoint(mnt: &Path, id: &str) -> i32 {
     }
 }
 
+/// `checkpointfs branch (create | list | drop)`: over the control socket.
+pub fn branch(cmd: crate::cli::BranchCommand) -> i32 {
+    use crate::cli::BranchCommand;
+    let (mnt, req) = match cmd {
+        BranchCommand::Create { mnt, name, at } => (mnt, Request::BranchCreate { name, at }),
+        BranchCommand::List { mnt, json } => (mnt, Request::BranchList { json }),
+        BranchCommand::Drop { mnt, name } => (mnt, Request::BranchDrop { name }),
+    };
+    match state_dir_of_mount(&mnt) {
+        Ok(state_dir) => ask_daemon(&state_dir, &req),
+        Err(code) => code,
+    }
+}
+
 /// `checkpoint` on a read-only mount: the same request over the control socket.
 fn checkpoint_over_socket(mnt: &Path, id: &str) -> i32 {
     let state_dir = match state_dir_of_mount(mnt) {

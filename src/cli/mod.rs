@@ -169,6 +169,40 @@ pub enum Command {
     Remote(remote::RemoteArgs),
     /// Restore a pushed checkpoint into an empty directory, from the remote alone
     Restore(remote::RestoreArgs),
+    /// Copy-on-write branches of the tree, served at MNT/.checkpoint/branches/NAME
+    #[command(subcommand)]
+    Branch(BranchCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BranchCommand {
+    /// Create branch NAME: a writable tree as of checkpoint ID (--at), or of now (a
+    /// checkpoint is taken first). Prints the branch's absolute path.
+    Create {
+        /// The checkpointfs mount point
+        #[arg(value_name = "MNT")]
+        mnt: PathBuf,
+        /// [A-Za-z0-9][A-Za-z0-9._-]{0,63}
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Fork from this checkpoint instead of taking one
+        #[arg(long, value_name = "ID")]
+        at: Option<String>,
+    },
+    /// List the live branches: name, fork checkpoint, created, bytes written, path
+    List {
+        #[arg(value_name = "MNT")]
+        mnt: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop branch NAME (gc frees its storage)
+    Drop {
+        #[arg(value_name = "MNT")]
+        mnt: PathBuf,
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -631,6 +665,7 @@ where
         Command::Hook(a) => hook::run(a.agent.as_ref(), &a.rest),
         Command::Remote(a) => remote::run(a),
         Command::Restore(a) => remote::restore_command(a),
+        Command::Branch(b) => commands::branch(b),
     }
 }
 

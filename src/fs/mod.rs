@@ -7,6 +7,7 @@
 //! Caching contract: entries and attributes are given long timeouts (a day, as libfuse's
 //! passthrough_hp does) because every change to SRC is expected to go through this mount —
 //! rewinds included. Changing SRC behind the mount's back is unsupported (see README).
+pub mod branch;
 pub mod gate;
 pub mod handles;
 pub mod inodes;
@@ -158,6 +159,7 @@ pub struct PassthroughFs {
     handles: HandleTable,
     gate: Gate,
     virt: virt::VirtualTree,
+    branches: branch::BranchFs,
     passthrough: AtomicBool,
     /// Why kernel passthrough is off; set once, when it goes off (or at start).
     passthrough_off: std::sync::OnceLock<String>,
@@ -225,6 +227,9 @@ impl PassthroughFs {
             inodes: InodeTable::new(root)?,
             handles: HandleTable::default(),
             gate: Gate::new(history, src_prefix),
+            branches: branch::BranchFs::new(crate::history::branches::Branches::open(
+                &cfg.state_dir,
+            )?),
             virt: virt::VirtualTree::new(cfg.state_dir),
             passthrough: AtomicBool::new(passthrough),
             passthrough_off,
@@ -289,6 +294,11 @@ impl PassthroughFs {
         Some(self.passthrough_off.get().map_or("unknown", String::as_str))
     }
 
+    /// The branches served under `.checkpoint/branches/`.
+    pub fn branches(&self) -> &branch::BranchFs {
+        &self.branches
+    }
+
     /// The file-history system every change is recorded in.
     pub fn history(&self) -> &Arc<History> {
         self.gate.history()
@@ -342,6 +352,9 @@ impl PassthroughFs {
     /// to reopen it) until then. `.checkpoint` at the root is the virtual control directory.
     /// No change, so no gate.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> io::Result<Entry> {
+        if branch::is_branch(parent) {
+            return self.branches.lookup(self.history(), parent, name);
+        }
         if virt::is_virtual(parent) {
             return self.virt.lookup(self, parent, name);
         }
@@ -411,7 +424,9 @@ impl PassthroughFs {
     /// FORGET: the kernel drops `nlookup` lookup references on `ino`; at zero the inode
     /// leaves the table and its fd is closed (outside the table's lock). Never fails.
     pub fn forget(&self, ino: u64, nlookup: u64) {
-        if virt::is_virtual(ino) {
+        if branch::is_branch(ino) {
+            self.branches.forget(ino, nlookup);
+        } else if virt::is_virtual(ino) {
             self.virt.forget(ino, nlookup);
         } else {
             self.inodes.forget(ino, nlookup);
@@ -421,6 +436,9 @@ impl PassthroughFs {
     /// GETATTR: `fstat` of the handle `fh` if given (it survives an unlink), else of the
     /// inode's fd. Attributes are valid for [`TTL`].
     pub fn getattr(&self, ino: u64, fh: Option<u64>) -> io::Result<(FileAttr, Duration)> {
+        if branch::is_branch(ino) {
+            return self.branches.getattr(self.history(), ino, fh);
+        }
         if virt::is_virtual(ino) {
             return self.virt.getattr(self, ino);
         }
@@ -446,6 +464,9 @@ impl PassthroughFs {
         ino: u64,
         set: SetAttr,
     ) -> io::Result<(FileAttr, Duration)> {
+        if branch::is_branch(ino) {
+            return self.branches.setattr(self.history(), ino, set);
+        }
         if virt::is_virtual(ino) {
             return self.virt.setattr(ino, set);
         }
@@ -506,6 +527,9 @@ impl PassthroughFs {
 
     /// READLINK of a symlink inode (or a view's symlink). No change.
     pub fn readlink(&self, ino: u64) -> io::Result<Vec<u8>> {
+        if branch::is_branch(ino) {
+            return self.branches.readlink(self.history(), ino);
+        }
         if virt::is_virtual(ino) {
             return self.virt.readlink(self, ino);
         }
@@ -535,6 +559,11 @@ impl PassthroughFs {
         umask: u32,
         rdev: u64,
     ) -> io::Result<Entry> {
+        if branch::is_branch(parent) {
+            return self
+                .branches
+                .mknod(self.history(), caller, parent, name, mode, umask, rdev);
+        }
         self.create_entry(caller, parent, name, false, &|permit| {
             sys::with_umask(umask, mode, |mode| permit.mknod(mode, rdev))
         })
@@ -551,6 +580,11 @@ impl PassthroughFs {
         mode: u32,
         umask: u32,
     ) -> io::Result<Entry> {
+        if branch::is_branch(parent) {
+            return self
+                .branches
+                .mkdir(self.history(), caller, parent, name, mode, umask);
+        }
         self.create_entry(caller, parent, name, true, &|permit| {
             sys::with_umask(umask, mode, |mode| permit.mkdir(mode))
         })
@@ -565,6 +599,11 @@ impl PassthroughFs {
         name: &OsStr,
         target: &std::path::Path,
     ) -> io::Result<Entry> {
+        if branch::is_branch(parent) {
+            return self
+                .branches
+                .symlink(self.history(), caller, parent, name, target);
+        }
         let target = std::ffi::CString::new(target.as_os_str().as_bytes())
             .map_err(|_| errno(libc::EINVAL))?;
         self.create_entry(caller, parent, name, false, &|permit| {
@@ -605,6 +644,14 @@ impl PassthroughFs {
         new_parent: u64,
         new_name: &OsStr,
     ) -> io::Result<Entry> {
+        if branch::is_branch(ino) || branch::is_branch(new_parent) {
+            if !(branch::is_branch(ino) && branch::is_branch(new_parent)) {
+                return Err(errno(libc::EXDEV));
+            }
+            return self
+                .branches
+                .link(self.history(), ino, new_parent, new_name);
+        }
         if virt::is_virtual(ino) {
             return Err(errno(libc::EROFS));
         }
@@ -631,6 +678,10 @@ impl PassthroughFs {
     }
 
     fn remove(&self, caller: &Caller, parent: u64, name: &OsStr, flags: i32) -> io::Result<()> {
+        if branch::is_branch(parent) {
+            let is_dir = flags & libc::AT_REMOVEDIR != 0;
+            return self.branches.remove(self.history(), parent, name, is_dir);
+        }
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
@@ -671,6 +722,14 @@ impl PassthroughFs {
         new_name: &OsStr,
         flags: u32,
     ) -> io::Result<()> {
+        if branch::is_branch(parent) || branch::is_branch(new_parent) {
+            if !(branch::is_branch(parent) && branch::is_branch(new_parent)) {
+                return Err(errno(libc::EXDEV));
+            }
+            return self
+                .branches
+                .rename(self.history(), parent, name, new_parent, new_name, flags);
+        }
         let parent = self.real_parent(parent)?;
         let new_parent = self.real_parent(new_parent)?;
         Self::refuse_control_name(&parent, name)?;
@@ -733,6 +792,9 @@ impl PassthroughFs {
         flags: i32,
         make_backing: MakeBacking<'_>,
     ) -> io::Result<Opened> {
+        if branch::is_branch(ino) {
+            return self.branches.open(self.history(), ino, flags);
+        }
         if virt::is_virtual(ino) {
             return self.virt.open(self, ino, flags);
         }
@@ -871,6 +933,11 @@ impl PassthroughFs {
         flags: i32,
         make_backing: Option<MakeBacking<'_>>,
     ) -> io::Result<(Entry, Opened)> {
+        if branch::is_branch(parent) {
+            return self
+                .branches
+                .create(self.history(), caller, parent, name, mode, umask, flags);
+        }
         let parent = self.real_parent(parent)?;
         Self::refuse_control_name(&parent, name)?;
         with_name(name, |c| {
@@ -902,6 +969,9 @@ impl PassthroughFs {
         size: u32,
         out: &mut Vec<u8>,
     ) -> io::Result<()> {
+        if branch::is_branch(fh) {
+            return self.branches.read(fh, offset, size, out);
+        }
         if virt::is_virtual(ino) {
             return self.virt.read(self, ino, fh, offset, size, out);
         }
@@ -938,6 +1008,9 @@ impl PassthroughFs {
         kill_suidgid: bool,
         lock_owner: Option<u64>,
     ) -> io::Result<u32> {
+        if branch::is_branch(fh) {
+            return self.branches.write(fh, offset, data);
+        }
         if virt::is_virtual(ino) {
             return self
                 .virt
@@ -976,6 +1049,9 @@ impl PassthroughFs {
     pub fn flush(&self, _ino: u64, fh: u64, lock_owner: u64) -> io::Result<bool> {
         // Nothing buffered in the daemon but a `ctl` line without its newline; POSIX locks
         // are handled by the kernel.
+        if branch::is_branch(fh) {
+            return Ok(false);
+        }
         if virt::is_virtual_handle(fh) {
             return self.virt.flush(self, fh, lock_owner).map(|()| false);
         }
@@ -1013,6 +1089,10 @@ impl PassthroughFs {
     /// RELEASE of handle `fh`: the handle and its fd go. A written exclusion-rules file
     /// (`.gitignore`) takes effect here at the latest. Never fails.
     pub fn release(&self, fh: u64) {
+        if branch::is_branch(fh) {
+            self.branches.release(fh);
+            return;
+        }
         if virt::is_virtual_handle(fh) {
             self.virt.release(self, fh);
             return;
@@ -1025,6 +1105,9 @@ impl PassthroughFs {
 
     /// FSYNC / FSYNCDIR of handle `fh` (fdatasync with `datasync`). No change to content.
     pub fn fsync(&self, fh: u64, datasync: bool) -> io::Result<()> {
+        if branch::is_branch(fh) {
+            return self.branches.fsync(fh, datasync);
+        }
         if virt::is_virtual_handle(fh) {
             return Ok(());
         }
@@ -1041,6 +1124,9 @@ impl PassthroughFs {
     /// FALLOCATE through the writable handle `fh` (EBADF if it is not one): gated as a
     /// write.
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> io::Result<()> {
+        if branch::is_branch(fh) {
+            return self.branches.fallocate(fh, offset, length, mode);
+        }
         let handle = self.file_handle(fh)?;
         let Handle::File(f) = &*handle else {
             return Err(errno(libc::EISDIR));
@@ -1052,6 +1138,9 @@ impl PassthroughFs {
 
     /// LSEEK (SEEK_DATA/SEEK_HOLE included) on handle `fh`. No change.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> io::Result<i64> {
+        if branch::is_branch(fh) {
+            return self.branches.lseek(fh, offset, whence);
+        }
         if virt::is_virtual_handle(fh) {
             return self.virt.lseek(fh, offset, whence);
         }
@@ -1074,6 +1163,11 @@ impl PassthroughFs {
         len: u64,
         flags: u32,
     ) -> io::Result<u32> {
+        // The kernel copies through reads and writes instead (vfs_copy_file_range falls
+        // back on EOPNOTSUPP).
+        if branch::is_branch(fh_in) || branch::is_branch(fh_out) {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
         let h_in = self.file_handle(fh_in)?;
         let h_out = self.file_handle(fh_out)?;
         let (Handle::File(fin), Handle::File(fout)) = (&*h_in, &*h_out) else {
@@ -1091,6 +1185,12 @@ impl PassthroughFs {
 
     /// OPENDIR: a directory handle with its own stream. No change.
     pub fn opendir(&self, ino: u64) -> io::Result<OpenedDir> {
+        if branch::is_branch(ino) {
+            return Ok(OpenedDir {
+                fh: self.branches.opendir(self.history(), ino)?,
+                cache_listing: false,
+            });
+        }
         if virt::is_virtual(ino) {
             // The control directories change with every checkpoint without the kernel
             // seeing it, and views are snapshots the daemon builds at each open: neither is
@@ -1128,6 +1228,9 @@ impl PassthroughFs {
         offset: i64,
         emit: &mut dyn FnMut(DirEntryOut<'_>) -> bool,
     ) -> io::Result<()> {
+        if branch::is_branch(ino) {
+            return self.branches.readdir(ino, fh, offset, &mut |e| emit(e));
+        }
         if virt::is_virtual(ino) {
             return self.virt.readdir(self, ino, fh, offset, &mut |e| emit(e));
         }
@@ -1168,6 +1271,11 @@ impl PassthroughFs {
         offset: i64,
         emit: &mut dyn FnMut(DirEntryOut<'_>, Option<&Entry>) -> bool,
     ) -> io::Result<()> {
+        if branch::is_branch(ino) {
+            return self
+                .branches
+                .readdirplus(self.history(), ino, fh, offset, emit);
+        }
         if virt::is_virtual(ino) {
             return self.virt.readdirplus(self, ino, fh, offset, emit);
         }
@@ -1236,6 +1344,9 @@ impl PassthroughFs {
 
     /// ACCESS check of `mask` on `ino` (only asked without `default_permissions`). No change.
     pub fn access(&self, ino: u64, mask: i32) -> io::Result<()> {
+        if branch::is_branch(ino) {
+            return Ok(());
+        }
         if virt::is_virtual(ino) {
             return self.virt.access(ino, mask);
         }
@@ -1263,6 +1374,9 @@ impl PassthroughFs {
     /// GETXATTR `name` of `ino` into `buf` (size query when `buf` is empty); a symlink's own
     /// xattrs, not its target's. No change.
     pub fn getxattr(&self, ino: u64, name: &OsStr, buf: &mut [u8]) -> io::Result<usize> {
+        if branch::is_branch(ino) {
+            return Err(errno(libc::ENODATA));
+        }
         if virt::is_virtual(ino) {
             return self.virt.getxattr(self, ino, name, buf);
         }
@@ -1273,6 +1387,9 @@ impl PassthroughFs {
 
     /// LISTXATTR of `ino` into `buf` (size query when `buf` is empty). No change.
     pub fn listxattr(&self, ino: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if branch::is_branch(ino) {
+            return Ok(0);
+        }
         if virt::is_virtual(ino) {
             return self.virt.listxattr(self, ino, buf);
         }
@@ -1291,6 +1408,9 @@ impl PassthroughFs {
         value: &[u8],
         flags: i32,
     ) -> io::Result<()> {
+        if branch::is_branch(ino) {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
         if virt::is_virtual(ino) {
             return Err(errno(libc::EROFS));
         }
@@ -1308,6 +1428,9 @@ impl PassthroughFs {
 
     /// REMOVEXATTR `name` from `ino` through an [`gate::ObjectPermit`].
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> io::Result<()> {
+        if branch::is_branch(ino) {
+            return Err(errno(libc::ENODATA));
+        }
         if virt::is_virtual(ino) {
             return Err(errno(libc::EROFS));
         }

@@ -5,8 +5,10 @@
 //! ├── ctl                 write a checkpoint id (one per line) to take a checkpoint, or
 //! │                       `session ID PID` to register an agent session
 //! ├── state-dir           the absolute path of this mount's state dir
-//! └── at/                 one read-only directory per checkpoint, in creation order
-//!     └── <id>/…          the whole tree as it was at that checkpoint
+//! ├── at/                 one read-only directory per checkpoint, in creation order
+//! │   └── <id>/…          the whole tree as it was at that checkpoint
+//! └── branches/           one writable copy-on-write tree per live branch (`super::branch`)
+//!     └── <name>/…
 //! ```
 //!
 //! Inode numbers and handles of this tree have [`VIRTUAL_BIT`] set, so they can never collide
@@ -38,6 +40,7 @@ const CONTROL_DIR: u64 = VIRTUAL_BIT | 1;
 const CTL: u64 = VIRTUAL_BIT | 2;
 const STATE_DIR_FILE: u64 = VIRTUAL_BIT | 3;
 const AT_DIR: u64 = VIRTUAL_BIT | 4;
+const BRANCHES_DIR: u64 = VIRTUAL_BIT | 5;
 const FIRST_VIEW_INO: u64 = VIRTUAL_BIT | 16;
 
 /// Views never change once taken, so the kernel may cache them as long as it likes; the
@@ -159,7 +162,7 @@ impl VirtualTree {
                 0o444,
                 self.state_dir_contents().len() as u64,
             ),
-            AT_DIR => self.fixed_attr(ino, FileType::Directory, 0o555, 0),
+            AT_DIR | BRANCHES_DIR => self.fixed_attr(ino, FileType::Directory, 0o555, 0),
             _ => return None,
         })
     }
@@ -208,28 +211,6 @@ impl VirtualTree {
         }
     }
 
-    fn view_attr(&self, ino: u64, e: &ViewEntry) -> FileAttr {
-        let m = &e.meta;
-        let kind = file_type_of(m.kind);
-        FileAttr {
-            ino: INodeNo(ino),
-            size: m.size,
-            blocks: m.size.div_ceil(512),
-            atime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
-            mtime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
-            ctime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
-            crtime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
-            kind,
-            perm: (m.mode & 0o7777) as u16,
-            nlink: if kind == FileType::Directory { 2 } else { 1 },
-            uid: m.uid,
-            gid: m.gid,
-            rdev: m.rdev.unwrap_or(0) as u32,
-            blksize: 4096,
-            flags: 0,
-        }
-    }
-
     pub fn lookup(&self, fs: &PassthroughFs, parent: u64, name: &OsStr) -> io::Result<Entry> {
         let name = name.as_bytes();
         match parent {
@@ -238,6 +219,7 @@ impl VirtualTree {
                     b"ctl" => CTL,
                     b"state-dir" => STATE_DIR_FILE,
                     b"at" => AT_DIR,
+                    b"branches" => BRANCHES_DIR,
                     _ => return Err(errno(libc::ENOENT)),
                 };
                 self.fixed(ino)
@@ -270,6 +252,9 @@ impl VirtualTree {
                     ..entry
                 })
             }
+            BRANCHES_DIR => fs
+                .branches()
+                .root_entry(fs.history(), OsStr::from_bytes(name)),
             CTL | STATE_DIR_FILE => Err(errno(libc::ENOTDIR)),
             _ => {
                 let mut key = self.view_key(parent)?;
@@ -289,7 +274,7 @@ impl VirtualTree {
             .ok_or_else(|| errno(libc::ENOENT))?;
         let ino = self.view_inode(key);
         Ok(Entry {
-            attr: self.view_attr(ino, &entry),
+            attr: view_attr(ino, &entry),
             ttl: VIEW_TTL,
             generation: 0,
         })
@@ -307,7 +292,7 @@ impl VirtualTree {
             return Ok((attr, CONTROL_TTL));
         }
         let entry = self.resolve(fs, ino)?;
-        Ok((self.view_attr(ino, &entry), VIEW_TTL))
+        Ok((view_attr(ino, &entry), VIEW_TTL))
     }
 
     pub fn setattr(&self, ino: u64, set: SetAttr) -> io::Result<(FileAttr, Duration)> {
@@ -383,7 +368,7 @@ impl VirtualTree {
             }
             CTL => return Err(errno(libc::EACCES)),
             STATE_DIR_FILE if !writes => VirtualHandle::StateDir,
-            CONTROL_DIR | AT_DIR => return Err(errno(libc::EISDIR)),
+            CONTROL_DIR | AT_DIR | BRANCHES_DIR => return Err(errno(libc::EISDIR)),
             _ if writes || flags & libc::O_TRUNC != 0 => return Err(errno(libc::EROFS)),
             STATE_DIR_FILE => return Err(errno(libc::EACCES)),
             _ => {
@@ -426,19 +411,7 @@ impl VirtualTree {
                 out.extend_from_slice(&data[start..end]);
                 Ok(())
             }
-            VirtualHandle::ViewFile(file) => {
-                out.resize(size as usize, 0);
-                let mut filled = 0;
-                while filled < out.len() {
-                    let n = file.read_at(&mut out[filled..], offset + filled as u64)?;
-                    if n == 0 {
-                        break;
-                    }
-                    filled += n;
-                }
-                out.truncate(filled);
-                Ok(())
-            }
+            VirtualHandle::ViewFile(file) => read_at_most(file, offset, size, out),
             VirtualHandle::Ctl(_) => Err(errno(libc::EBADF)),
             VirtualHandle::Listing(_) => Err(errno(libc::EISDIR)),
         }
@@ -511,7 +484,15 @@ impl VirtualTree {
                 (b"ctl".to_vec(), file),
                 (b"state-dir".to_vec(), file),
                 (b"at".to_vec(), dir),
+                (b"branches".to_vec(), dir),
             ],
+            BRANCHES_DIR => fs
+                .branches()
+                .branches()
+                .names()
+                .into_iter()
+                .map(|n| (n.into_bytes(), dir))
+                .collect(),
             AT_DIR => fs
                 .history()
                 .checkpoint_ids()
@@ -546,7 +527,7 @@ impl VirtualTree {
         }
     }
 
-    /// Offsets: 1 = after ".", 2 = after "..", 2 + i + 1 = after listing entry i.
+    /// Offsets: see [`emit_listing`].
     pub fn readdir(
         &self,
         _fs: &PassthroughFs,
@@ -559,28 +540,7 @@ impl VirtualTree {
         let VirtualHandle::Listing(items) = &*h else {
             return Err(errno(libc::ENOTDIR));
         };
-        let dots: [(&[u8], FileType); 2] =
-            [(b".", FileType::Directory), (b"..", FileType::Directory)];
-        let mut pos = offset.max(0) as usize;
-        while pos < 2 + items.len() {
-            let (name, kind) = if pos < 2 {
-                dots[pos]
-            } else {
-                let (n, k) = &items[pos - 2];
-                (n.as_slice(), *k)
-            };
-            // Readdir inode numbers are informational; lookups give the real ones.
-            let full = emit(DirEntryOut {
-                ino: ino & !VIRTUAL_BIT,
-                offset: (pos + 1) as i64,
-                kind,
-                name,
-            });
-            if full {
-                break;
-            }
-            pos += 1;
-        }
+        emit_listing(ino, items, offset, emit);
         Ok(())
     }
 
@@ -596,42 +556,14 @@ impl VirtualTree {
         let VirtualHandle::Listing(items) = &*h else {
             return Err(errno(libc::ENOTDIR));
         };
-        let mut pos = offset.max(0) as usize;
-        while pos < 2 + items.len() {
-            if pos < 2 {
-                let name: &[u8] = if pos == 0 { b"." } else { b".." };
-                let out = DirEntryOut {
-                    ino: ino & !VIRTUAL_BIT,
-                    offset: (pos + 1) as i64,
-                    kind: FileType::Directory,
-                    name,
-                };
-                if emit(out, None) {
-                    break;
-                }
-                pos += 1;
-                continue;
-            }
-            let (name, kind) = &items[pos - 2];
-            let entry = match self.lookup(fs, ino, OsStr::from_bytes(name)) {
-                Ok(e) => e,
-                Err(_) => {
-                    pos += 1;
-                    continue;
-                }
-            };
-            let out = DirEntryOut {
-                ino: entry.attr.ino.0,
-                offset: (pos + 1) as i64,
-                kind: *kind,
-                name,
-            };
-            if emit(out, Some(&entry)) {
-                self.forget(entry.attr.ino.0, 1);
-                break;
-            }
-            pos += 1;
-        }
+        emit_listing_plus(
+            ino,
+            items,
+            offset,
+            &|name| self.lookup(fs, ino, OsStr::from_bytes(name)),
+            &|ino| fs.forget(ino, 1),
+            emit,
+        );
         Ok(())
     }
 
@@ -677,6 +609,98 @@ impl VirtualTree {
             return Err(errno(libc::EROFS));
         }
         Ok(())
+    }
+}
+
+/// Reads up to `size` bytes of `file` at `offset` into `out` (shorter only at EOF).
+pub fn read_at_most(file: &File, offset: u64, size: u32, out: &mut Vec<u8>) -> io::Result<()> {
+    out.resize(size as usize, 0);
+    let mut filled = 0;
+    while filled < out.len() {
+        let n = file.read_at(&mut out[filled..], offset + filled as u64)?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    out.truncate(filled);
+    Ok(())
+}
+
+/// READDIR of a listing snapshot after `offset`: 1 = after ".", 2 = after "..",
+/// 2 + i + 1 = after listing entry i. Inode numbers are informational (lookups give the
+/// real ones).
+pub fn emit_listing(
+    ino: u64,
+    items: &[(Vec<u8>, FileType)],
+    offset: i64,
+    emit: &mut dyn FnMut(DirEntryOut<'_>) -> bool,
+) {
+    let dots: [(&[u8], FileType); 2] = [(b".", FileType::Directory), (b"..", FileType::Directory)];
+    let mut pos = offset.max(0) as usize;
+    while pos < 2 + items.len() {
+        let (name, kind) = if pos < 2 {
+            dots[pos]
+        } else {
+            let (n, k) = &items[pos - 2];
+            (n.as_slice(), *k)
+        };
+        let full = emit(DirEntryOut {
+            ino: ino & !VIRTUAL_BIT,
+            offset: (pos + 1) as i64,
+            kind,
+            name,
+        });
+        if full {
+            break;
+        }
+        pos += 1;
+    }
+}
+
+/// READDIRPLUS of a listing snapshot (offsets as [`emit_listing`]): each entry looked up
+/// with `lookup` (skipped if it went meanwhile), its lookup given back with `forget` when
+/// the reply had no room for it.
+pub fn emit_listing_plus(
+    ino: u64,
+    items: &[(Vec<u8>, FileType)],
+    offset: i64,
+    lookup: &dyn Fn(&[u8]) -> io::Result<Entry>,
+    forget: &dyn Fn(u64),
+    emit: &mut dyn FnMut(DirEntryOut<'_>, Option<&Entry>) -> bool,
+) {
+    let mut pos = offset.max(0) as usize;
+    while pos < 2 + items.len() {
+        if pos < 2 {
+            let name: &[u8] = if pos == 0 { b"." } else { b".." };
+            let out = DirEntryOut {
+                ino: ino & !VIRTUAL_BIT,
+                offset: (pos + 1) as i64,
+                kind: FileType::Directory,
+                name,
+            };
+            if emit(out, None) {
+                break;
+            }
+            pos += 1;
+            continue;
+        }
+        let (name, kind) = &items[pos - 2];
+        let Ok(entry) = lookup(name) else {
+            pos += 1;
+            continue;
+        };
+        let out = DirEntryOut {
+            ino: entry.attr.ino.0,
+            offset: (pos + 1) as i64,
+            kind: *kind,
+            name,
+        };
+        if emit(out, Some(&entry)) {
+            forget(entry.attr.ino.0);
+            break;
+        }
+        pos += 1;
     }
 }
 
@@ -793,6 +817,29 @@ fn take_ctl(
         }
     }
     Ok(())
+}
+
+/// The attributes of a view entry (also a branch's lower entries).
+pub fn view_attr(ino: u64, e: &ViewEntry) -> FileAttr {
+    let m = &e.meta;
+    let kind = file_type_of(m.kind);
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.size,
+        blocks: m.size.div_ceil(512),
+        atime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+        mtime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+        ctime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+        crtime: system_time(m.mtime_sec, i64::from(m.mtime_nsec)),
+        kind,
+        perm: (m.mode & 0o7777) as u16,
+        nlink: if kind == FileType::Directory { 2 } else { 1 },
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev.unwrap_or(0) as u32,
+        blksize: 4096,
+        flags: 0,
+    }
 }
 
 pub fn file_type_of(kind: EntryKind) -> FileType {

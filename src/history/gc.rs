@@ -432,9 +432,26 @@ fn offline_signer(state_dir: &Path) -> io::Result<Option<Signer>> {
 }
 
 /// Decides what gc does with the history in `records` (a whole transcript, in order).
+#[cfg(test)]
 pub fn plan(records: Vec<Record>, retention: Retention, now: SystemTime) -> io::Result<Plan> {
+    plan_pinned(records, retention, now, &std::collections::BTreeSet::new())
+}
+
+/// [`plan`], never dropping a checkpoint in `pinned` (a live branch's fork: its lower
+/// layer) or any after it, since gc drops only a prefix.
+pub fn plan_pinned(
+    records: Vec<Record>,
+    retention: Retention,
+    now: SystemTime,
+    pinned: &std::collections::BTreeSet<String>,
+) -> io::Result<Plan> {
     let (state, positions) = replay(&records);
-    let drop = checkpoints_to_drop(&state.checkpoints, retention, now);
+    let first_pinned = state
+        .checkpoints
+        .iter()
+        .position(|c| pinned.contains(&c.id))
+        .unwrap_or(usize::MAX);
+    let drop = checkpoints_to_drop(&state.checkpoints, retention, now).min(first_pinned);
     let ids = |cs: &[Checkpoint]| cs.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
     let dropped = ids(&state.checkpoints[..drop]);
     let kept = ids(&state.checkpoints[drop..]);
@@ -536,9 +553,11 @@ fn compact_packs(store: &Store) -> io::Result<()> {
 /// [`History::gc_quiesced`].
 #[must_use = "the packs' space is given back only by `finish`"]
 /// What gc does after its quiesce, with mutations running: the removal of the objects it
-/// doomed, then the rewrite of the packs that held some of them (the bulk of its IO).
+/// doomed and of dropped branches' storage, then the rewrite of the packs that held some of
+/// the objects (the bulk of its IO).
 pub(super) struct AfterQuiesce<'h> {
     store: &'h Store,
+    state_dir: &'h Path,
     removals: Removals<'h>,
     /// Made again once the removals have given space back (dropped after them).
     _reserve: ReserveReleased,
@@ -560,6 +579,11 @@ impl AfterQuiesce<'_> {
         report.objects_removed = removed;
         report.bytes_freed = bytes;
         let removing = started.elapsed();
+        // No branch request runs meanwhile: gc holds the control maintenance lock alone.
+        let branch_bytes = super::branches::free_dropped(self.state_dir)?;
+        if branch_bytes > 0 {
+            info!("gc: freed {branch_bytes} bytes of dropped branches");
+        }
         compact_packs(self.store)?;
         info!(
             "gc: with mutations running, removed {removed} objects in {removing:?} ({claimed} \
@@ -664,7 +688,10 @@ impl History {
         let end = scan_transcript_from(&path, file, Position::default(), |r| records.push(r))
             .map_err(replay_error)?;
         let now = SystemTime::now();
-        let plan = check_and_sign(&rec.signer, &records, |r| plan(r, retention, now))?;
+        let pinned = super::branches::live_forks(&self.state_dir)?;
+        let plan = check_and_sign(&rec.signer, &records, |r| {
+            plan_pinned(r, retention, now, &pinned)
+        })?;
         Ok(GcPlanned {
             plan,
             file: id,
@@ -713,8 +740,9 @@ impl History {
             // an ancestor of a path the plan gives a base was renamed since: planned again
             // from the whole file.
             let records = read_transcript(&path).map_err(replay_error)?.records;
+            let pinned = super::branches::live_forks(&self.state_dir)?;
             plan = check_and_sign(&rec.signer, &records, |r| {
-                self::plan(r, planned.retention, planned.now)
+                plan_pinned(r, planned.retention, planned.now, &pinned)
             })?;
         }
         let after = transcript_len(&plan.records)?;
@@ -765,6 +793,7 @@ impl History {
         );
         let after = AfterQuiesce {
             store: &self.store,
+            state_dir: &self.state_dir,
             removals,
             _reserve,
         };
@@ -854,9 +883,12 @@ pub fn gc_state_dir(
     records.extend(Journal::read_after(&journal_path, last_seq).map_err(replay_error)?);
     let before = file_len(&transcript)?;
     let now = SystemTime::now();
+    let pinned = super::branches::live_forks(state_dir)?;
     let plan = match offline_signer(state_dir)? {
-        Some(signer) => check_and_sign(&signer, &records, |r| plan(r, retention, now))?,
-        None => plan(records, retention, now)?,
+        Some(signer) => check_and_sign(&signer, &records, |r| {
+            plan_pinned(r, retention, now, &pinned)
+        })?,
+        None => plan_pinned(records, retention, now, &pinned)?,
     };
     let after = transcript_len(&plan.records)?;
     let sweep = Sweep::of(&store, &referenced_objects(&plan.records))?;
@@ -865,6 +897,7 @@ pub fn gc_state_dir(
         return Ok(report);
     }
     let _reserve = ReserveReleased::new(state_dir, &transcript)?;
+    super::branches::free_dropped(state_dir)?;
     if plan.drop > 0 {
         rewrite_atomically(&transcript, &plan.records)?;
         // Every journal record is in the new transcript now (its seqs are covered).

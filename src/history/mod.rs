@@ -40,6 +40,11 @@
 //! exclusion matchers' caches (`exclusions`) are leaf locks, never taken with `state` held
 //! and never one inside the other.
 pub mod agent_state;
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a branch's upper layer in STATE/branches, never SRC"
+)]
+pub mod branches;
 pub mod browse;
 pub mod budget;
 pub mod changes;

@@ -20,8 +20,9 @@ use crate::state::durability::{self, Durability};
 use crate::sys::{self, FsCredsGuard, errno};
 use crate::transcript::record::{Actor, EntryKind, EntryMeta, LinkMeta, Record, rfc3339};
 
-pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
-    let kind = match st.st_mode & libc::S_IFMT {
+/// The kind of an `st_mode`, `None` for an unknown file type.
+pub(crate) fn kind_of_mode(mode: u32) -> Option<EntryKind> {
+    Some(match mode & libc::S_IFMT {
         libc::S_IFREG => EntryKind::File,
         libc::S_IFDIR => EntryKind::Dir,
         libc::S_IFLNK => EntryKind::Symlink,
@@ -30,7 +31,11 @@ pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
         libc::S_IFCHR => EntryKind::CharDevice,
         libc::S_IFBLK => EntryKind::BlockDevice,
         _ => return None,
-    };
+    })
+}
+
+pub(crate) fn meta_of(st: &libc::stat) -> Option<EntryMeta> {
+    let kind = kind_of_mode(st.st_mode)?;
     let is_dev = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice);
     Some(EntryMeta {
         kind,

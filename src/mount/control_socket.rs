@@ -36,7 +36,7 @@ pub const SOCKET_NAME: &str = "control.sock";
 /// text: [`request`] refuses such an answer rather than pass text off as JSON.
 /// 3 added the browse requests (`checkpointfs ui`). 4 added `remote-set`, `remote-push` and
 /// the status report's `remote`.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -145,6 +145,22 @@ pub enum Request {
     UndoId {
         id: String,
     },
+    /// `checkpointfs branch create MNT NAME [--at ID]` (protocol 5): without `at`, a
+    /// checkpoint is taken first and the branch forks from it. Answers the branch's path.
+    BranchCreate {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<String>,
+    },
+    /// `checkpointfs branch list MNT [--json]` (protocol 5).
+    BranchList {
+        #[serde(default)]
+        json: bool,
+    },
+    /// `checkpointfs branch drop MNT NAME` (protocol 5).
+    BranchDrop {
+        name: String,
+    },
     /// `checkpointfs remote set MNT URL` (protocol 4).
     RemoteSet {
         url: String,
@@ -203,6 +219,9 @@ impl Request {
             | Request::BrowseDiff { .. }
             | Request::UndoId { .. } => 3,
             Request::RemoteSet { .. } | Request::RemotePush { .. } => 4,
+            Request::BranchCreate { .. }
+            | Request::BranchList { .. }
+            | Request::BranchDrop { .. } => 5,
             // An older daemon only sends no progress lines.
             Request::Checkpoint { .. } | Request::Flush | Request::Rewind { .. } => 0,
         }
@@ -726,6 +745,15 @@ fn handle(
                 });
                 json_document(&report)
             }),
+        Request::BranchCreate { name, at } => {
+            branch_create(fs, &name, at.as_deref(), session).map(|path| format!("{path}\n"))
+        }
+        Request::BranchList { json } => branch_list(fs, json),
+        Request::BranchDrop { name } => fs
+            .branches()
+            .branches()
+            .drop_branch(&name)
+            .map(|()| format!("dropped branch {name} (gc frees its storage)\n")),
         Request::BrowseHead => json_document(&fs.history().browse_head()),
         Request::UndoId { id } => fs
             .history()
@@ -776,6 +804,105 @@ fn handle(
 }
 
 /// The retention a gc request asks for: exactly one of its two fields.
+/// `branch create`: checks the name before anything is done, resolves or takes the fork
+/// checkpoint, then makes the branch (O(1): `history::branches::Branches::create`).
+/// Returns the branch's absolute path.
+fn branch_create(
+    fs: &PassthroughFs,
+    name: &str,
+    at: Option<&str>,
+    session: Option<String>,
+) -> io::Result<String> {
+    use crate::history::branches::name_problem;
+    let branches = fs.branches().branches();
+    if let Some(why) = name_problem(name) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+    }
+    if branches.get(name).is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("a branch named '{name}' exists already (see: checkpointfs branch list)"),
+        ));
+    }
+    let history = fs.history();
+    let fork = match at {
+        Some(id) => {
+            if history.checkpoint_index(id).is_none() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "no checkpoint '{}' to fork branch '{name}' from (see: checkpointfs log)",
+                        id.escape_debug()
+                    ),
+                ));
+            }
+            id.to_owned()
+        }
+        None => {
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            let id = format!("branch-{name}@{ms}");
+            fs.checkpoint(&id, session)?;
+            id
+        }
+    };
+    let k = history
+        .checkpoint_index(&fork)
+        .ok_or_else(|| io::Error::other(format!("checkpoint {fork} went away")))?;
+    let root = history
+        .view_entry(k, b"")?
+        .ok_or_else(|| io::Error::other(format!("checkpoint {fork} has no root")))?;
+    branches.create(name, &fork, &root.meta)?;
+    let (mountpoint, _) = fs.mount_info();
+    Ok(mountpoint
+        .join(".checkpoint/branches")
+        .join(name)
+        .display()
+        .to_string())
+}
+
+/// `branch list`: name, fork checkpoint, creation time, bytes in the upper, path; text or
+/// JSON (`checkpointfs.branches/1`).
+fn branch_list(fs: &PassthroughFs, json: bool) -> io::Result<String> {
+    let (mountpoint, _) = fs.mount_info();
+    let rows: Vec<serde_json::Value> = fs
+        .branches()
+        .branches()
+        .all()
+        .iter()
+        .map(|b| {
+            serde_json::json!({
+                "name": b.info.name,
+                "fork": b.info.fork,
+                "created": b.info.created,
+                "upper_bytes": b.upper_bytes(),
+                "path": mountpoint.join(".checkpoint/branches").join(&b.info.name),
+            })
+        })
+        .collect();
+    if json {
+        let doc = serde_json::json!({ "schema": "checkpointfs.branches/1", "branches": rows });
+        return Ok(format!("{doc}\n"));
+    }
+    if rows.is_empty() {
+        return Ok("no branches\n".to_owned());
+    }
+    let mut out = String::from("NAME\tFORK\tCREATED\tBYTES\tPATH\n");
+    for r in &rows {
+        out.push_str(&format!(
+            "{}\t{}\t{}\t{}\t{}\n",
+            r["name"].as_str().unwrap_or(""),
+            r["fork"].as_str().unwrap_or(""),
+            r["created"].as_str().unwrap_or(""),
+            r["upper_bytes"],
+            r["path"].as_str().unwrap_or(""),
+        ));
+    }
+    Ok(out)
+}
+
 fn gc_request(
     keep: Option<usize>,
     older_than_secs: Option<u64>,

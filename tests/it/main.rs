@@ -14,6 +14,7 @@ mod common;
 mod agent_claude_code;
 mod agent_gemini_cli;
 mod agents;
+mod branches;
 mod budgets;
 mod checked_rewind;
 mod checkpoints;
