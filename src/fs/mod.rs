@@ -18,8 +18,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
@@ -332,6 +332,28 @@ impl PassthroughFs {
     }
 
     /// Rejects changes to the `.checkpoint` name at the root: it belongs to the mount.
+    /// A branch's storage is the owner's state dir, which users other than the owner and
+    /// root may not grow without bound (issue 28): their budgets cover the main tree's
+    /// history, not yet a branch's upper layer, so their changes in a branch are refused
+    /// with EACCES (logged once per uid). Reading a branch is everyone's, as SRC's modes
+    /// allow.
+    fn may_change_branch(&self, caller: &Caller) -> io::Result<()> {
+        if !self.history().budgets().is_limited(caller.uid) {
+            return Ok(());
+        }
+        static WARNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+        let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+        if !warned.contains(&caller.uid) {
+            warned.push(caller.uid);
+            log::warn!(
+                "uid {} may not change a branch on this mount (EACCES): a branch's storage \
+                 is the owner's state dir, and other users' budgets do not cover it yet",
+                caller.uid
+            );
+        }
+        Err(errno(libc::EACCES))
+    }
+
     fn refuse_control_name(parent: &Inode, name: &OsStr) -> io::Result<()> {
         if parent.ino == ROOT_INO && name.as_bytes() == CONTROL_DIR_NAME {
             return Err(errno(libc::EPERM));
@@ -465,6 +487,7 @@ impl PassthroughFs {
         set: SetAttr,
     ) -> io::Result<(FileAttr, Duration)> {
         if branch::is_branch(ino) {
+            self.may_change_branch(caller)?;
             return self.branches.setattr(self.history(), ino, set);
         }
         if virt::is_virtual(ino) {
@@ -560,6 +583,7 @@ impl PassthroughFs {
         rdev: u64,
     ) -> io::Result<Entry> {
         if branch::is_branch(parent) {
+            self.may_change_branch(caller)?;
             return self
                 .branches
                 .mknod(self.history(), caller, parent, name, mode, umask, rdev);
@@ -581,6 +605,7 @@ impl PassthroughFs {
         umask: u32,
     ) -> io::Result<Entry> {
         if branch::is_branch(parent) {
+            self.may_change_branch(caller)?;
             return self
                 .branches
                 .mkdir(self.history(), caller, parent, name, mode, umask);
@@ -600,6 +625,7 @@ impl PassthroughFs {
         target: &std::path::Path,
     ) -> io::Result<Entry> {
         if branch::is_branch(parent) {
+            self.may_change_branch(caller)?;
             return self
                 .branches
                 .symlink(self.history(), caller, parent, name, target);
@@ -648,6 +674,7 @@ impl PassthroughFs {
             if !(branch::is_branch(ino) && branch::is_branch(new_parent)) {
                 return Err(errno(libc::EXDEV));
             }
+            self.may_change_branch(caller)?;
             return self
                 .branches
                 .link(self.history(), ino, new_parent, new_name);
@@ -679,6 +706,7 @@ impl PassthroughFs {
 
     fn remove(&self, caller: &Caller, parent: u64, name: &OsStr, flags: i32) -> io::Result<()> {
         if branch::is_branch(parent) {
+            self.may_change_branch(caller)?;
             let is_dir = flags & libc::AT_REMOVEDIR != 0;
             return self.branches.remove(self.history(), parent, name, is_dir);
         }
@@ -726,6 +754,7 @@ impl PassthroughFs {
             if !(branch::is_branch(parent) && branch::is_branch(new_parent)) {
                 return Err(errno(libc::EXDEV));
             }
+            self.may_change_branch(caller)?;
             return self
                 .branches
                 .rename(self.history(), parent, name, new_parent, new_name, flags);
@@ -793,6 +822,9 @@ impl PassthroughFs {
         make_backing: MakeBacking<'_>,
     ) -> io::Result<Opened> {
         if branch::is_branch(ino) {
+            if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+                self.may_change_branch(caller)?;
+            }
             return self.branches.open(self.history(), ino, flags);
         }
         if virt::is_virtual(ino) {
@@ -934,6 +966,7 @@ impl PassthroughFs {
         make_backing: Option<MakeBacking<'_>>,
     ) -> io::Result<(Entry, Opened)> {
         if branch::is_branch(parent) {
+            self.may_change_branch(caller)?;
             return self
                 .branches
                 .create(self.history(), caller, parent, name, mode, umask, flags);

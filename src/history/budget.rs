@@ -169,6 +169,14 @@ impl Budgets {
         let _ = self.config.set(Config { limits, owner });
     }
 
+    /// Whether `uid` is limited here: a daemon's budgets are configured, and `uid` is
+    /// neither root nor the owner.
+    pub fn is_limited(&self, uid: u32) -> bool {
+        self.config
+            .get()
+            .is_some_and(|config| uid != 0 && uid != config.owner)
+    }
+
     /// The account of `uid` if it is limited, with its limits.
     fn account(&self, uid: u32) -> Option<(Arc<Account>, OthersBudget)> {
         let config = self.config.get()?;

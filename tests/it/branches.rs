@@ -479,3 +479,59 @@ fn creation_cost_does_not_grow_with_the_tree() {
         "branch create made {small} syscalls on 100 files, {large} on 20,000"
     );
 }
+
+/// A branch's upper layer is the owner's state dir: another user of an `--allow-other`
+/// mount reads a branch as SRC's modes allow, but every change they try there is refused
+/// with EACCES and leaves the upper layer as it was (issue 28's budgets do not cover
+/// branches yet, so nothing of theirs may grow it).
+#[test]
+fn another_user_reads_a_branch_but_cannot_change_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let (uid, gid) = common::test_user("cpfs-test-branch");
+    let mut m = TestMount::unmounted(&["--allow-other"]);
+    fs::set_permissions(m.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = m.src.join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::write(shared.join("theirs.txt"), "old\n").unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::set_permissions(shared.join("theirs.txt"), fs::Permissions::from_mode(0o666)).unwrap();
+    m.mount();
+    let b = create(&m, "b", &[]);
+    let upper = m.state.join("branches/b/upper");
+    let before = common::all_paths(&upper);
+    let file = b.join("shared/theirs.txt");
+    let out = common::run_as(uid, gid, &["cat", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "old\n");
+    let (f, new_file, new_dir) = (
+        file.to_str().unwrap(),
+        b.join("shared/new.txt"),
+        b.join("shared/dir"),
+    );
+    let append = format!("echo new >> {f}");
+    let attempts: [&[&str]; 5] = [
+        &["sh", "-c", &append],
+        &["touch", new_file.to_str().unwrap()],
+        &["mkdir", new_dir.to_str().unwrap()],
+        &["rm", "-f", f],
+        &["touch", f],
+    ];
+    for args in attempts {
+        let out = common::run_as(uid, gid, args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            stderr(&out).contains("Permission denied"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(common::all_paths(&upper), before, "the upper layer changed");
+    assert_eq!(fs::read_to_string(&file).unwrap(), "old\n");
+    // The owner (root here) still changes the branch.
+    fs::write(&file, "owner's\n").unwrap();
+    assert_eq!(fs::read_to_string(&file).unwrap(), "owner's\n");
+    assert_eq!(
+        fs::read_to_string(shared.join("theirs.txt")).unwrap(),
+        "old\n"
+    );
+}
