@@ -18,8 +18,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
@@ -332,26 +332,10 @@ impl PassthroughFs {
     }
 
     /// Rejects changes to the `.checkpoint` name at the root: it belongs to the mount.
-    /// A branch's storage is the owner's state dir, which users other than the owner and
-    /// root may not grow without bound (issue 28): their budgets cover the main tree's
-    /// history, not yet a branch's upper layer, so their changes in a branch are refused
-    /// with EACCES (logged once per uid). Reading a branch is everyone's, as SRC's modes
-    /// allow.
+    /// A branch's storage is the owner's state dir: users other than the owner and root
+    /// may read a branch but not change it (`Budgets::check_branch_change`, EACCES).
     fn may_change_branch(&self, caller: &Caller) -> io::Result<()> {
-        if !self.history().budgets().is_limited(caller.uid) {
-            return Ok(());
-        }
-        static WARNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
-        let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
-        if !warned.contains(&caller.uid) {
-            warned.push(caller.uid);
-            log::warn!(
-                "uid {} may not change a branch on this mount (EACCES): a branch's storage \
-                 is the owner's state dir, and other users' budgets do not cover it yet",
-                caller.uid
-            );
-        }
-        Err(errno(libc::EACCES))
+        self.history().budgets().check_branch_change(caller.uid)
     }
 
     fn refuse_control_name(parent: &Inode, name: &OsStr) -> io::Result<()> {

@@ -145,21 +145,24 @@ impl Drop for PayerGuard {
 }
 
 fn over_budget(what: &'static str, account: &Account, limit: u64) -> std::io::Error {
-    log_once(account.uid, what, limit);
+    warn_once(account.uid, what, || {
+        format!(
+            "uid {} reached its budget of {limit} {what} on this mount (mount \
+             --other-users-budget); its changes and ctl writes now fail with EDQUOT",
+            account.uid
+        )
+    });
     errno(libc::EDQUOT)
 }
 
-/// One warning per uid and kind: a user at their budget retries, and the log must not grow
-/// with their retries.
-fn log_once(uid: u32, what: &'static str, limit: u64) {
+/// One warning per uid and kind: a refused user retries, and the log must not grow with
+/// their retries.
+fn warn_once(uid: u32, what: &'static str, message: impl FnOnce() -> String) {
     static WARNED: Mutex<Vec<(u32, &'static str)>> = Mutex::new(Vec::new());
     let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
     if !warned.contains(&(uid, what)) {
         warned.push((uid, what));
-        log::warn!(
-            "uid {uid} reached its budget of {limit} {what} on this mount (mount \
-             --other-users-budget); its changes and ctl writes now fail with EDQUOT"
-        );
+        log::warn!("{}", message());
     }
 }
 
@@ -175,6 +178,23 @@ impl Budgets {
         self.config
             .get()
             .is_some_and(|config| uid != 0 && uid != config.owner)
+    }
+
+    /// A change by `uid` to a branch's upper layer, which is the owner's state dir: refused
+    /// with EACCES (logged once per uid) for a limited uid, since the budgets do not cover
+    /// branches yet and nothing of theirs may grow it without bound.
+    pub fn check_branch_change(&self, uid: u32) -> std::io::Result<()> {
+        if !self.is_limited(uid) {
+            return Ok(());
+        }
+        warn_once(uid, "branch changes", || {
+            format!(
+                "uid {uid} may not change a branch on this mount (EACCES): a branch's \
+                 storage is the owner's state dir, and other users' budgets do not cover it \
+                 yet"
+            )
+        });
+        Err(errno(libc::EACCES))
     }
 
     /// The account of `uid` if it is limited, with its limits.
