@@ -911,7 +911,12 @@ fn dir_bytes(path: &Path) -> u64 {
 /// The branch table of one state dir.
 pub struct Branches {
     root: PathBuf,
+    /// Read by every FUSE request into a branch: held only to look up or change the map,
+    /// never across IO (a create's or drop's directory syncs happen outside it).
     table: RwLock<BTreeMap<String, Arc<Branch>>>,
+    /// Serialises creates and drops (control requests only), so that a name checked free
+    /// or present stays so through the IO done without `table`.
+    renaming: Mutex<()>,
 }
 
 /// `created` of a branch made now.
@@ -944,6 +949,7 @@ impl Branches {
         Ok(Branches {
             root,
             table: RwLock::new(table),
+            renaming: Mutex::new(()),
         })
     }
 
@@ -995,8 +1001,8 @@ impl Branches {
         if let Some(why) = name_problem(name) {
             return Err(invalid(why));
         }
-        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        if table.contains_key(name) {
+        let _renaming = self.renaming.lock().unwrap_or_else(|p| p.into_inner());
+        if self.get(name).is_some() {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!("a branch named '{name}' exists already (see: checkpointfs branch list)"),
@@ -1038,15 +1044,18 @@ impl Branches {
         }
         let info = read_info(&self.root.join(name))?;
         let branch = Arc::new(Self::load(&self.root, info)?);
-        table.insert(name.to_owned(), branch.clone());
+        self.table
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned(), branch.clone());
         Ok(branch)
     }
 
     /// Drops branch `name`: renamed out of the table's names at once (durably); its
     /// storage is freed by the next gc.
     pub fn drop_branch(&self, name: &str) -> io::Result<()> {
-        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        if !table.contains_key(name) {
+        let _renaming = self.renaming.lock().unwrap_or_else(|p| p.into_inner());
+        if self.get(name).is_none() {
             return Err(unknown(name));
         }
         let to = self
@@ -1055,7 +1064,10 @@ impl Branches {
         std::fs::rename(self.root.join(name), &to)
             .map_err(|e| sys::context(to.display().to_string(), e))?;
         File::open(&self.root)?.sync_all()?;
-        table.remove(name);
+        self.table
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
         Ok(())
     }
 }
